@@ -1,0 +1,1 @@
+"""Part III: agents and reinforcement learning."""

@@ -1,0 +1,225 @@
+"""Build helpers for the book: generated pages and in-place notebook execution.
+
+``python -m llmbook pages`` writes ``book/equation-index.md`` (every registered equation with its
+LaTeX, its chapter section and its function, filterable in the browser with no kernel) and
+``book/status.md`` (coverage per chapter). ``python -m llmbook notebooks`` rewrites each chapter's
+Colab install cell from the repository URL in ``_config.yml`` and re-executes the notebook in place.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from pathlib import Path
+
+from llmbook import registry
+
+SETUP_TAG = "setup"
+SETUP_TEMPLATE = '''\
+# Set-up: on Colab, install llmbook from the book's repository; everywhere, fix seeds and style.
+import sys
+
+if "google.colab" in sys.modules:
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("llmbook") is None:
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "git+{url}"])
+
+from llmbook.plotting import setup_notebook
+
+setup_notebook()'''
+
+
+def repository_url(config: Path | str = "_config.yml") -> str:
+    """The repository URL from ``_config.yml`` (``repository: url:``), the one place it is set."""
+    text = Path(config).read_text(encoding="utf-8")
+    m = re.search(r"^repository:\s*\n(?:[ \t]+.*\n)*?[ \t]+url:\s*(\S+)", text, re.M)
+    if not m:
+        raise ValueError(f"{config} has no 'repository: url:' entry")
+    return m.group(1)
+
+
+def setup_cell_source(url: str) -> str:
+    return SETUP_TEMPLATE.format(url=url)
+
+
+# --------------------------------------------------------------------------- generated pages
+
+_INDEX_HEAD = """\
+# Equation index
+
+Every equation that `llmbook` implements, with the section of the book that shows it and the
+function that computes it. Type in the box to filter by id, name, family or a LaTeX symbol
+(for example `softmax`, `09.`, `\\tau`). The page is generated from the registry by
+`python -m llmbook pages`; coverage per chapter is on the [status page](status.md).
+
+```{{raw}} html
+<input id="eq-filter" type="search" placeholder="Filter equations..." aria-label="Filter equations"
+       style="width:100%;padding:0.4em;margin:0.5em 0 1em 0;font-size:1em">
+<p id="eq-count">{n} equations</p>
+<table id="eq-table" class="table">
+<thead><tr><th>id</th><th>equation</th><th>name</th><th>chapter</th><th>llmbook</th></tr></thead>
+<tbody>
+"""
+
+_INDEX_TAIL = """\
+</tbody></table>
+<script>
+(function () {
+  var box = document.getElementById("eq-filter");
+  var rows = Array.prototype.slice.call(document.querySelectorAll("#eq-table tbody tr"));
+  var count = document.getElementById("eq-count");
+  box.addEventListener("input", function () {
+    var q = box.value.toLowerCase().trim(), shown = 0;
+    rows.forEach(function (r) {
+      var hit = !q || r.getAttribute("data-search").indexOf(q) >= 0;
+      r.style.display = hit ? "" : "none";
+      if (hit) { shown += 1; }
+    });
+    count.textContent = shown + " equations";
+  });
+})();
+</script>
+```
+"""
+
+
+def _api_anchor(where: str) -> tuple[str, str]:
+    module, _, qualname = where.partition(":")
+    return f"{module}.{qualname}", f"api.html#{module}.{qualname}"
+
+
+def equation_index(cov: registry.Coverage) -> str:
+    rows = []
+    cat = registry.catalogue()
+    for eq_id, funcs in cov.implemented.items():
+        e = cat[eq_id]
+        shown = cov.shown.get(eq_id) if cov.shown else None
+        if shown:
+            page = Path(shown.notebook).with_suffix(".html").name
+            chapter = f'<a href="{page}#{e.label}">{e.chapter}. {html.escape(e.family)}</a>'
+        else:
+            chapter = f"{e.chapter}. {html.escape(e.family)} (not yet shown)"
+        code = ", ".join(f'<a href="{href}"><code>{html.escape(name)}</code></a>'
+                         for name, href in map(_api_anchor, funcs))
+        search = html.escape(" ".join([e.id, e.name, e.family, e.latex, *funcs]).lower(), quote=True)
+        rows.append(
+            f'<tr data-search="{search}"><td>{e.id}</td>'
+            f'<td><span class="math notranslate nohighlight">\\({html.escape(e.latex)}\\)</span></td>'
+            f"<td>{html.escape(e.name)}</td><td>{chapter}</td><td>{code}</td></tr>"
+        )
+    return _INDEX_HEAD.format(n=len(rows)) + "\n".join(rows) + "\n" + _INDEX_TAIL
+
+
+def status_page(cov: registry.Coverage) -> str:
+    from llmbook.cli import summary_rows
+
+    lines = [
+        "# Status",
+        "",
+        "Coverage of the catalogue, generated from the registry when the book is built: an equation",
+        "is *implemented* when a function registers it, *tested* when a test compares that function",
+        "with an independent oracle, and *shown* when a chapter section labelled with its id calls it.",
+        "",
+        "| chapter | family | equations | implemented | tested | shown |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    tot = [0, 0, 0, 0]
+    for ch, fam, n, impl, tested, shown in summary_rows(cov):
+        tested, shown = tested or 0, shown or 0
+        tot = [tot[0] + n, tot[1] + impl, tot[2] + tested, tot[3] + shown]
+        lines.append(f"| {ch} | {fam} | {n} | {impl} | {tested} | {shown} |")
+    lines.append(f"| | **all** | **{tot[0]}** | **{tot[1]}** | **{tot[2]}** | **{tot[3]}** |")
+    return "\n".join(lines) + "\n"
+
+
+def write_pages(book: str | Path = "book") -> list[Path]:
+    book = Path(book)
+    cov = registry.coverage()
+    out = []
+    pages = [("equation-index.md", equation_index(cov)), ("status.md", status_page(cov)), ("api.md", api_page()),
+             ("notation.md", notation_page())]
+    for name, text in pages:
+        path = book / name
+        path.write_text(text, encoding="utf-8")
+        out.append(path)
+    return out
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+def _refresh_setup_cell(nb, url: str) -> None:
+    for cell in nb.cells:
+        if cell.cell_type == "code" and SETUP_TAG in cell.metadata.get("tags", []):
+            cell.source = setup_cell_source(url)
+            return
+    raise ValueError("notebook has no code cell tagged 'setup' (the Colab install and seeding cell)")
+
+
+def execute_notebooks(paths: list[str] | None = None, timeout: int = 900) -> int:
+    """Re-execute notebooks in place so that their stored outputs are current (what nbval compares)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    url = repository_url()
+    nbs = [Path(p) for p in paths] if paths else sorted(Path("book").glob("*.ipynb"))
+    for path in nbs:
+        start = time.perf_counter()
+        nb = nbformat.read(path, as_version=4)
+        _refresh_setup_cell(nb, url)
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                                resources={"metadata": {"path": str(path.parent)}})
+        client.execute()
+        for cell in nb.cells:  # keep stored notebooks free of volatile metadata
+            cell.metadata.pop("execution", None)
+        nbformat.write(nb, path)
+        print(f"executed {path} in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def api_page() -> str:
+    """Autodoc sections for every public module of the package."""
+    import importlib
+    import pkgutil
+
+    import llmbook
+
+    lines = ["# API reference", "", "Generated from the docstrings of every `llmbook` module.", ""]
+    for info in sorted(pkgutil.walk_packages(llmbook.__path__, prefix="llmbook."), key=lambda i: i.name):
+        name = info.name
+        if any(part.startswith("_") for part in name.split(".")) or name in ("llmbook.cli", "llmbook.bookpages"):
+            continue
+        if info.ispkg:  # a package page only when its __init__ defines something itself
+            mod = importlib.import_module(name)
+            own = [v for k, v in vars(mod).items() if not k.startswith("_") and getattr(v, "__module__", "") == name]
+            if not own:
+                continue
+        lines += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", "   :members:", "```", ""]
+    return "\n".join(lines)
+
+
+def notation_page() -> str:
+    """The notation page, from ``llmbook/data/symbols.tsv`` (symbol, code name, meaning)."""
+    import csv
+    from importlib import resources
+
+    text = resources.files("llmbook.data").joinpath("symbols.tsv").read_text(encoding="utf-8")
+    rows = list(csv.DictReader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
+    lines = [
+        "# Notation",
+        "",
+        "One set of symbols for the whole book, and the names the code gives them. Arrays are",
+        "batch-first: a batch of token ids is `(B, T)`, the residual stream `(B, T, C)`, attention",
+        "scores `(B, H, T, T)`, logits `(B, T, V)`. Logarithms are natural (nats) unless a name says bits.",
+        "",
+        "| symbol | in code | meaning |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        sym = r["symbol"].replace("|", "\\|")
+        code = ", ".join(f"`{c.strip()}`" for c in r["code"].split(","))
+        lines.append(f"| ${sym}$ | {code} | {r['meaning'].replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

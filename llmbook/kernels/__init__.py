@@ -1,0 +1,1 @@
+"""GPU kernels (Triton), each reached through one function that picks a backend."""

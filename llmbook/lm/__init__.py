@@ -1,0 +1,1 @@
+"""Part I: language models (probability, blocks, attention, decoding, ...)."""

@@ -1,0 +1,1 @@
+"""Part II: retrieval and retrieval-augmented generation."""
