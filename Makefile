@@ -7,7 +7,12 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch that lies on these machines' disk; a GPU or Colab user keeps their own.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: help env book notebooks pages test lint unit nbval serve clean
+# The site's JavaScript (MathJax 3, require.js, the ipywidgets embed manager) is installed from the npm
+# registry into _static/vendor, so the built site works offline and widgets need no CDN.
+VENDOR := _build/vendor-static/vendor
+NPM_PACKAGES := mathjax@3.2.2 requirejs@2.3.7 @jupyter-widgets/html-manager@1.0.15
+
+.PHONY: help env vendor book notebooks pages test lint unit nbval serve clean
 
 help:
 	@echo "make book       build the website into _build/html (executes every notebook, warnings are errors)"
@@ -26,10 +31,23 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $(STAMP)
 
+vendor: $(VENDOR)/.stamp
+
+$(VENDOR)/.stamp: Makefile
+	mkdir -p _build/npm $(VENDOR)
+	cd _build/npm && npm install --no-audit --no-fund --no-save --silent $(NPM_PACKAGES)
+	rm -rf $(VENDOR)/mathjax && cp -r _build/npm/node_modules/mathjax/es5 $(VENDOR)/mathjax
+	cp _build/npm/node_modules/requirejs/require.js $(VENDOR)/require.js
+	cp _build/npm/node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js $(VENDOR)/embed-amd.js
+	mkdir -p _build/vendor-extra/book/@jupyter-widgets/html-manager/dist
+	cp _build/npm/node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} \
+	   _build/vendor-extra/book/@jupyter-widgets/html-manager/dist/
+	touch $(VENDOR)/.stamp
+
 pages: env
 	$(BIN)/python -m llmbook pages
 
-book: env pages
+book: env vendor pages
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The site is in _build/html (open _build/html/index.html, or run 'make serve')."
 
@@ -51,4 +69,4 @@ serve:
 	$(BIN)/python -m http.server 8000 --bind 127.0.0.1 --directory _build/html
 
 clean:
-	rm -rf _build book/equation-index.md book/status.md book/api.md
+	rm -rf _build book/equation-index.md book/status.md book/api.md book/notation.md

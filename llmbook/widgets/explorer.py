@@ -17,7 +17,6 @@ A widget is three parts (see the design notes):
 
 from __future__ import annotations
 
-import base64
 import io
 import itertools
 import sys
@@ -126,10 +125,6 @@ class Explorer:
         fig.savefig(buf, format="png", dpi=self.dpi, metadata={"Software": None})
         return buf.getvalue()
 
-    def _img_html(self, png: bytes) -> str:
-        b64 = base64.b64encode(png).decode("ascii")
-        return f'<img src="data:image/png;base64,{b64}" alt="{self.title or "figure"}" style="max-width:100%">'
-
     # ------------------------------------------------------------------ live
     def live(self):
         """Sliders that recompute on every change (needs a running kernel)."""
@@ -191,7 +186,9 @@ class Explorer:
         def build(level: int, prefix: tuple[int, ...]):
             p = self.params[level]
             if level == len(self.params) - 1:
-                children = [w.HTML(self._img_html(frames[prefix + (i,)])) for i in range(len(p.values))]
+                # Image, not HTML: the embed manager typesets HTML widgets with the MathJax 2 API,
+                # which fails next to the site's MathJax 3.
+                children = [w.Image(value=frames[prefix + (i,)], format="png") for i in range(len(p.values))]
             else:
                 children = [build(level + 1, prefix + (i,)) for i in range(len(p.values))]
             stack = w.Stack(children, selected_index=p.values.index(p.default))

@@ -1,0 +1,340 @@
+r"""Kernelised and approximate attention (chapter 3): linear attention, Performer, Linformer, Reformer LSH.
+
+All four trade the exact ``T x T`` softmax for something cheaper:
+
+* linear attention replaces :math:`e^{q^\top k}` by a product of feature maps :math:`\phi(q)^\top\phi(k)`
+  and regroups the products, :math:`O(T D^2)` instead of :math:`O(T^2 D)`;
+* Performer chooses random features whose product is an *unbiased* estimate of :math:`e^{q^\top k}`;
+* Linformer projects the ``T`` keys and values down to ``k`` rows along the sequence;
+* Reformer hashes queries and keys so that each query only attends within its bucket.
+
+Shapes follow :mod:`llmbook.lm.attention`: ``(B, H, T, D)`` or ``(B, T, D)``, GQA by repeating heads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from llmbook.lm.attention import (
+    attention_scale,
+    causal_mask,
+    check_attention_inputs,
+    repeat_kv,
+    scaled_dot_product_attention,
+)
+from llmbook.lm.local_attention import gathered_attention
+from llmbook.registry import implements
+
+__all__ = [
+    "FEATURE_MAPS",
+    "linear_attention",
+    "linear_attention_recurrent",
+    "random_features",
+    "favor_features",
+    "performer_attention",
+    "linformer_projection",
+    "linformer_attention",
+    "lsh_rotations",
+    "lsh_hash",
+    "lsh_attention",
+]
+
+FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
+    "elu": lambda x: F.elu(x) + 1.0,  # Katharopoulos et al. (2020): positive, smooth
+    "relu": F.relu,
+}
+
+
+def _inputs(q, k, v):
+    """Validated 4-D ``q, k, v`` with the key/value heads repeated to ``H`` (GQA)."""
+    q4, k4, v4, squeeze = check_attention_inputs(q, k, v)
+    G = q4.shape[1] // k4.shape[1]
+    return q4, repeat_kv(k4, G), repeat_kv(v4, G), squeeze
+
+
+def _feature_map(feature_map) -> Callable[[Tensor], Tensor]:
+    if callable(feature_map):
+        return feature_map
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)} or a callable, got {feature_map!r}")
+    return FEATURE_MAPS[feature_map]
+
+
+def _safe_div(num: Tensor, den: Tensor) -> Tensor:
+    # features are non-negative, so a zero denominator means a zero numerator: the output is 0
+    return num / den.clamp_min(torch.finfo(den.dtype).tiny).unsqueeze(-1)
+
+
+def _kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """Kernel attention from the features ``phi_q, phi_k``: the ratio of equation 03.09 over allowed keys."""
+    if causal:  # parallel causal form: the masked T_q x T_k kernel matrix
+        A = (phi_q @ phi_k.transpose(-1, -2)) * causal_mask(phi_q.shape[-2], phi_k.shape[-2])
+        return _safe_div(A @ v, A.sum(-1))
+    S = phi_k.transpose(-1, -2) @ v  # (B, H, D_phi, D_v): the sum over keys, done once
+    z = phi_k.sum(-2)  # (B, H, D_phi)
+    return _safe_div(phi_q @ S, (phi_q * z.unsqueeze(-2)).sum(-1))
+
+
+@implements("03.09")
+def linear_attention(
+    q: Float[Tensor, "B *H T_q D"], k: Float[Tensor, "B *H_kv T_k D"], v: Float[Tensor, "B *H_kv T_k D_v"],
+    feature_map: str | Callable[[Tensor], Tensor] = "elu", causal: bool = False,
+) -> Float[Tensor, "B *H T_q D_v"]:
+    r"""Linear (kernelised) attention, parallel form.
+
+    .. math::
+        \mathrm{Attn}(Q, K, V)_i = \frac{\phi(q_i)^\top \sum_j \phi(k_j) v_j^\top}{\phi(q_i)^\top \sum_j \phi(k_j)}
+
+    ``feature_map`` is :math:`\phi` (``"elu"``: :math:`\mathrm{elu}(x) + 1`, ``"relu"``, or any callable
+    returning non-negative features). Without ``causal`` the sums over all keys are computed once,
+    :math:`O(T D D_v)`. With ``causal`` the sum runs over :math:`j \le i` (bottom-right aligned) and
+    is computed in parallel from the masked kernel matrix; :func:`linear_attention_recurrent` is
+    the same causal attention as an RNN. No :math:`1/\sqrt{d_k}` scale: :math:`\phi` replaces the softmax.
+
+    >>> q = k = v = torch.ones(1, 3, 2)
+    >>> linear_attention(q, k, v, causal=True)
+    tensor([[[1., 1.],
+             [1., 1.],
+             [1., 1.]]])
+    """
+    q4, k4, v4, squeeze = _inputs(q, k, v)
+    phi = _feature_map(feature_map)
+    out = _kernel_attention(phi(q4), phi(k4), v4, causal)
+    return out.squeeze(1) if squeeze else out
+
+
+def linear_attention_recurrent(
+    q: Float[Tensor, "B *H T D"], k: Float[Tensor, "B *H_kv T D"], v: Float[Tensor, "B *H_kv T D_v"],
+    feature_map: str | Callable[[Tensor], Tensor] = "elu",
+) -> Float[Tensor, "B *H T D_v"]:
+    r"""Causal linear attention as a recurrent network, one step per token.
+
+    .. math:: S_t = S_{t-1} + \phi(k_t) v_t^\top, \quad z_t = z_{t-1} + \phi(k_t), \quad
+        o_t = \frac{S_t^\top \phi(q_t)}{z_t^\top \phi(q_t)}
+
+    The state :math:`(S_t, z_t)` has a fixed size :math:`D \times D_v + D` whatever the context length:
+    generation costs :math:`O(1)` per token. Equal to ``linear_attention(..., causal=True)``.
+    Self-attention only (``T_q == T_k``).
+
+    >>> q = k = v = torch.ones(1, 3, 2)
+    >>> linear_attention_recurrent(q, k, v).shape
+    torch.Size([1, 3, 2])
+    """
+    q4, k4, v4, squeeze = _inputs(q, k, v)
+    B, H, T, _ = q4.shape
+    if k4.shape[2] != T:
+        raise ValueError(f"the recurrent form is self-attention: T_q ({T}) must equal T_k ({k4.shape[2]})")
+    phi = _feature_map(feature_map)
+    phi_q, phi_k = phi(q4), phi(k4)
+    S = q4.new_zeros(B, H, phi_k.shape[-1], v4.shape[-1])
+    z = q4.new_zeros(B, H, phi_k.shape[-1])
+    outs = []
+    for t in range(T):
+        S = S + phi_k[:, :, t, :, None] * v4[:, :, t, None, :]
+        z = z + phi_k[:, :, t]
+        num = (phi_q[:, :, t, :, None] * S).sum(-2)
+        outs.append(_safe_div(num, (phi_q[:, :, t] * z).sum(-1)))
+    out = torch.stack(outs, dim=2)
+    return out.squeeze(1) if squeeze else out
+
+
+def random_features(m: int, D: int, orthogonal: bool = True, generator: torch.Generator | None = None,
+                    dtype: torch.dtype = torch.float32) -> Float[Tensor, "m D"]:
+    r"""``m`` random projection directions :math:`\omega_r \in \mathbb{R}^D`, each marginally :math:`N(0, I_D)`.
+
+    With ``orthogonal`` the rows come in blocks of ``D`` exactly orthogonal directions (QR of a Gaussian
+    matrix), each rescaled by the norm of an independent Gaussian vector so that its length has the
+    same (chi) distribution as a Gaussian's: still unbiased, with lower variance (Performer's "OR+").
+
+    >>> random_features(3, 4, generator=torch.Generator().manual_seed(0)).shape
+    torch.Size([3, 4])
+    """
+    for name, x in (("m", m), ("D", D)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    if not orthogonal:
+        return torch.randn(m, D, generator=generator, dtype=dtype)
+    blocks = []
+    for _ in range(math.ceil(m / D)):
+        Q, R = torch.linalg.qr(torch.randn(D, D, generator=generator, dtype=torch.float64))
+        Q = Q * torch.sign(torch.diagonal(R))  # a Haar-random orthogonal matrix
+        norms = torch.randn(D, D, generator=generator, dtype=torch.float64).norm(dim=1)
+        blocks.append(Q.T * norms.unsqueeze(-1))
+    return torch.cat(blocks)[:m].to(dtype)
+
+
+@implements("03.10")
+def favor_features(x: Float[Tensor, "... D"], omega: Float[Tensor, "m D"]) -> Float[Tensor, "... m"]:
+    r"""FAVOR+ positive random features, whose inner product estimates the softmax kernel without bias.
+
+    .. math:: \phi(x) = \frac{e^{-\|x\|^2/2}}{\sqrt m}\big(e^{\omega_1^\top x}, \dots, e^{\omega_m^\top x}\big),
+        \qquad \mathbb{E}_\omega\big[\phi(q)^\top \phi(k)\big] = e^{q^\top k}
+
+    ``omega`` holds the :math:`m` directions :math:`\omega_r \sim N(0, I_D)` (:func:`random_features`).
+    For i.i.d. directions the estimate's variance is :math:`e^{2q^\top k}(e^{\|q + k\|^2} - 1)/m`.
+    Every feature is positive, so attention weights built from them are never negative.
+
+    >>> omega = torch.zeros(4, 2)  # degenerate directions: phi(x) = exp(-|x|^2 / 2) / 2 in every slot
+    >>> favor_features(torch.tensor([0.0, 0.0]), omega)
+    tensor([0.5000, 0.5000, 0.5000, 0.5000])
+    """
+    if x.shape[-1] != omega.shape[-1] or omega.ndim != 2:
+        raise ValueError(f"x (..., D) {tuple(x.shape)} and omega (m, D) {tuple(omega.shape)} must share D")
+    m = omega.shape[0]
+    log_phi = x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(m)
+    return log_phi.exp()
+
+
+def performer_attention(
+    q: Float[Tensor, "B *H T_q D"], k: Float[Tensor, "B *H_kv T_k D"], v: Float[Tensor, "B *H_kv T_k D_v"],
+    n_features: int = 256, causal: bool = False, omega: Tensor | None = None, orthogonal: bool = True,
+    scale: float | None = None, generator: torch.Generator | None = None,
+) -> Float[Tensor, "B *H T_q D_v"]:
+    r"""Performer attention: linear attention with FAVOR+ features, an estimate of softmax attention.
+
+    Queries and keys are scaled by :math:`\sqrt{\text{scale}}` (default :math:`d_k^{-1/4}` each, so
+    their product carries the usual :math:`1/\sqrt{d_k}`), then mapped by :func:`favor_features`
+    with ``n_features`` directions (or the given ``omega``). For numerical safety each query's features
+    are divided by their largest entry and all keys' by one shared constant; both cancel in the ratio.
+
+    >>> q = k = v = torch.ones(1, 4, 2)
+    >>> performer_attention(q, k, v, n_features=8, generator=torch.Generator().manual_seed(0)).shape
+    torch.Size([1, 4, 2])
+    """
+    q4, k4, v4, squeeze = _inputs(q, k, v)
+    D = q4.shape[-1]
+    s = math.sqrt(attention_scale(scale, D))
+    if omega is None:
+        omega = random_features(n_features, D, orthogonal=orthogonal, generator=generator, dtype=q4.dtype)
+    m = omega.shape[0]
+    qs, ks = q4 * s, k4 * s
+
+    def log_features(x):
+        return x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(m)
+
+    lq, lk = log_features(qs), log_features(ks)
+    phi_q = (lq - lq.amax(-1, keepdim=True)).exp()
+    phi_k = (lk - lk.amax(dim=(-2, -1), keepdim=True)).exp()
+    out = _kernel_attention(phi_q, phi_k, v4, causal)
+    return out.squeeze(1) if squeeze else out
+
+
+def linformer_projection(T: int, k_dim: int, generator: torch.Generator | None = None,
+                         dtype: torch.dtype = torch.float32) -> Float[Tensor, "k_dim T"]:
+    r"""A random Linformer projection :math:`E \in \mathbb{R}^{k \times T}`, entries :math:`N(0, 1/k)`.
+
+    >>> linformer_projection(10, 3).shape
+    torch.Size([3, 10])
+    """
+    for name, x in (("T", T), ("k_dim", k_dim)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    return torch.randn(k_dim, T, generator=generator, dtype=dtype) / math.sqrt(k_dim)
+
+
+@implements("03.11")
+def linformer_attention(
+    q: Float[Tensor, "B *H T_q D"], k: Float[Tensor, "B *H_kv T_k D"], v: Float[Tensor, "B *H_kv T_k D_v"],
+    E: Float[Tensor, "*H k_dim T_k"], F_proj: Float[Tensor, "*H k_dim T_k"] | None = None,
+    scale: float | None = None,
+) -> Float[Tensor, "B *H T_q D_v"]:
+    r"""Linformer: attend to ``k_dim`` projected keys and values instead of ``T_k``.
+
+    .. math:: \mathrm{Attn}(Q, K, V) = \mathrm{softmax}\!\Big(\frac{Q (EK)^\top}{\sqrt{d_k}}\Big) F V
+
+    ``E`` and ``F_proj`` (default: ``E``, shared as in the paper's cheapest variant) are ``(k, T_k)``
+    or per head ``(H, k, T_k)``; they mix positions, so there is no causal version. The score matrix
+    is ``T_q x k``: linear in ``T`` for a fixed ``k``. With :math:`E = F = I_T` it is exact attention.
+
+    >>> q = k = v = torch.randn(1, 6, 4)
+    >>> torch.allclose(linformer_attention(q, k, v, torch.eye(6)),
+    ...                scaled_dot_product_attention(q, k, v), atol=1e-6)
+    True
+    """
+    q4, k4, v4, squeeze = _inputs(q, k, v)
+    F_proj = E if F_proj is None else F_proj
+    T_k = k4.shape[2]
+    for name, P in (("E", E), ("F_proj", F_proj)):
+        if not isinstance(P, Tensor) or P.ndim not in (2, 3) or P.shape[-1] != T_k \
+                or (P.ndim == 3 and P.shape[0] != q4.shape[1]):
+            raise ValueError(f"{name} must have shape (k, T_k) or (H, k, T_k) with T_k = {T_k}, H = {q4.shape[1]}, "
+                             f"got {tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__}")
+    K_proj = E.to(k4.dtype) @ k4  # (B, H, k, D)
+    V_proj = F_proj.to(v4.dtype) @ v4
+    out = scaled_dot_product_attention(q4, K_proj, V_proj, scale=scale)
+    return out.squeeze(1) if squeeze else out
+
+
+def lsh_rotations(D: int, n_buckets: int, generator: torch.Generator | None = None,
+                  dtype: torch.dtype = torch.float32) -> Float[Tensor, "D n_half"]:
+    """A random Gaussian matrix ``R`` of shape ``(D, n_buckets // 2)`` for :func:`lsh_hash`.
+
+    >>> lsh_rotations(8, 4).shape
+    torch.Size([8, 2])
+    """
+    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 2 or n_buckets % 2:
+        raise ValueError(f"n_buckets must be an even int >= 2, got {n_buckets!r}")
+    return torch.randn(D, n_buckets // 2, generator=generator, dtype=dtype)
+
+
+@implements("03.12")
+def lsh_hash(x: Float[Tensor, "... D"], R: Float[Tensor, "D n_half"]) -> Int[Tensor, "..."]:
+    r"""Angular locality-sensitive hash of Reformer: :math:`h(x) = \arg\max([xR; -xR])`.
+
+    ``R`` is a random ``(D, b/2)`` matrix; the hash is one of ``b`` buckets. Nearby directions land in
+    the same bucket more often: for ``b = 2`` (one random hyperplane) two vectors at angle
+    :math:`\theta` collide with probability :math:`1 - \theta/\pi`. Scaling ``x`` by a positive
+    number never changes its bucket.
+
+    >>> lsh_hash(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]), torch.tensor([[1.0], [0.0]]))
+    tensor([0, 1])
+    """
+    if R.ndim != 2 or x.shape[-1] != R.shape[0]:
+        raise ValueError(f"x (..., D) {tuple(x.shape)} and R (D, n_buckets/2) {tuple(R.shape)} must share D")
+    xR = x @ R.to(x.dtype)
+    return torch.cat([xR, -xR], dim=-1).argmax(-1)
+
+
+def lsh_attention(
+    q: Float[Tensor, "B *H T_q D"], k: Float[Tensor, "B *H_kv T_k D"], v: Float[Tensor, "B *H_kv T_k D_v"],
+    n_buckets: int = 8, R: Tensor | None = None, causal: bool = False, scale: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Float[Tensor, "B *H T_q D_v"]:
+    r"""Attention restricted to keys in the query's LSH bucket: :math:`S_{ij} = [h(q_i) = h(k_j)]`.
+
+    Queries and keys are hashed with the same ``R`` (drawn with ``n_buckets`` buckets if not given).
+    Keys are sorted by bucket, and each query gathers the keys of its own bucket, so the cost is
+    :math:`O(T \cdot \text{bucket size})`. Reformer also ties keys to queries (shared-QK) and hashes
+    several rounds; here ``q`` and ``k`` are free and there is one round. A query whose bucket holds
+    no allowed key gets a zero output. ``causal`` additionally requires :math:`j \le i + T_k - T_q`.
+
+    >>> q = k = v = torch.ones(1, 5, 2)  # identical vectors share one bucket: full attention
+    >>> lsh_attention(q, k, v, n_buckets=4, generator=torch.Generator().manual_seed(0))[0, 0]
+    tensor([1., 1.])
+    """
+    q4, k4, v4, squeeze = _inputs(q, k, v)
+    B, H, T_q, D = q4.shape
+    T_k = k4.shape[2]
+    if R is None:
+        R = lsh_rotations(D, n_buckets, generator=generator, dtype=q4.dtype)
+    nb = 2 * R.shape[-1]
+    h_q, h_k = lsh_hash(q4, R), lsh_hash(k4, R)  # (B, H, T)
+    order = torch.argsort(h_k, dim=-1, stable=True)  # keys sorted by bucket
+    counts = F.one_hot(h_k, nb).sum(-2)  # (B, H, nb)
+    start = counts.cumsum(-1) - counts
+    n_max = max(int(counts.max()), 1)
+    first, size = start.gather(-1, h_q), counts.gather(-1, h_q)  # (B, H, T_q)
+    r = torch.arange(n_max)
+    pos = (first.unsqueeze(-1) + r).clamp_max(T_k - 1)
+    idx = order.gather(-1, pos.flatten(-2)).view(B, H, T_q, n_max)
+    valid = r < size.unsqueeze(-1)
+    if causal:
+        valid = valid & (idx <= torch.arange(T_q).view(T_q, 1) + (T_k - T_q))
+    out = gathered_attention(q4, k4, v4, idx, valid, attention_scale(scale, D))
+    return out.squeeze(1) if squeeze else out

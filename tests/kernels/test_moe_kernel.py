@@ -1,0 +1,210 @@
+"""MoE dispatch: the loop reference, the grouped PyTorch version and the Triton kernel agree.
+
+The oracle is an independent float64 computation, ``einsum("nk,nc,nkcd->nd", w, x, W[ids])``, that
+gathers every token's expert matrices directly (no sorting, no grouping). On the CPU the Triton
+kernel runs under the Triton interpreter (``TRITON_INTERPRET=1``, set per test by the
+``interpreter`` fixture and removed afterwards, so it cannot leak into other tests); the
+interpreter cannot autotune and mishandles bfloat16, so those tests use explicit block sizes, tiny
+shapes, float32 and float16. On a CUDA machine the bfloat16 tests at the bottom run the compiled kernel.
+
+Tolerances: float64 ``1e-12``; float32 ``rtol = atol = 1e-5``; float16 ``rtol = atol = 1e-2``;
+bfloat16 on the GPU ``rtol = atol = 3e-2`` (relative to outputs of size ~1).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbook.kernels.moe import (
+    align_block_size,
+    moe_dispatch,
+    moe_dispatch_loop,
+    moe_dispatch_torch,
+    moe_dispatch_triton,
+    permute_by_expert,
+    triton_available,
+)
+
+TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5),
+       torch.float16: dict(rtol=1e-2, atol=1e-2), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BLOCKS = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+
+
+@pytest.fixture
+def interpreter(monkeypatch):
+    """Run Triton kernels on the CPU interpreter for this test only."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def routing(kind, N, E, K, g):
+    """(topk_ids, topk_weights): balanced, skewed (most tokens on expert 0), or with empty experts."""
+    if kind == "balanced":
+        ids = (torch.arange(N).unsqueeze(1) + torch.arange(K) * (E // K or 1)) % E
+    else:
+        logits = torch.randn(N, E, generator=g)
+        if kind == "skewed":
+            logits[:, 0] += 4.0
+        elif kind == "empty":
+            logits[:, E // 2:] = float("-inf")  # the upper half of the experts receive nothing
+        ids = torch.topk(logits + 1e-3 * torch.arange(E), K, dim=-1).indices
+    w = torch.rand(N, K, generator=g) + 0.1
+    return ids, w / w.sum(-1, keepdim=True)
+
+
+def case(kind, N, C, D, E, K, dtype, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, C, generator=g)
+    W = torch.randn(E, C, D, generator=g) / C**0.5
+    ids, w = routing(kind, N, E, K, g)
+    return x.to(device, dtype), W.to(device, dtype), ids.to(device), w.to(device, dtype)
+
+
+def oracle(x, W, ids, w):
+    x, W, w = x.double(), W.double(), w.double()
+    return torch.einsum("nk,nc,nkcd->nd", w, x, W[ids])
+
+
+CASES = [("balanced", 32, 16, 16, 4, 2), ("skewed", 37, 24, 20, 5, 2), ("empty", 19, 16, 32, 6, 3),
+         ("skewed", 5, 16, 16, 8, 1)]
+
+
+@pytest.mark.parametrize("kind, N, C, D, E, K", CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_loop_and_grouped_torch_match_the_oracle(kind, N, C, D, E, K, dtype):
+    x, W, ids, w = case(kind, N, C, D, E, K, dtype)
+    ref = oracle(x, W, ids, w)
+    for use_grouped_mm in ([None, False, True] if dtype == torch.float32 and C % 4 == 0 and D % 4 == 0 else [None]):
+        y = moe_dispatch_torch(x, W, ids, w, use_grouped_mm=use_grouped_mm)
+        assert y.dtype == dtype and y.shape == (N, D)
+        torch.testing.assert_close(y.double(), ref, **TOL[dtype])
+    torch.testing.assert_close(moe_dispatch_loop(x, W, ids, w).double(), ref, **TOL[dtype])
+
+
+@needs_triton
+@pytest.mark.parametrize("kind, N, C, D, E, K", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_kernel_under_the_interpreter_matches_all(interpreter, kind, N, C, D, E, K, dtype):
+    x, W, ids, w = case(kind, N, C, D, E, K, dtype, seed=1)
+    y = moe_dispatch_triton(x, W, ids, w, **BLOCKS)
+    assert y.dtype == dtype and y.shape == (N, D)
+    torch.testing.assert_close(y.double(), oracle(x, W, ids, w), **TOL[dtype])
+    torch.testing.assert_close(y, moe_dispatch_torch(x, W, ids, w), **TOL[dtype])
+    torch.testing.assert_close(y, moe_dispatch_loop(x, W, ids, w), **TOL[dtype])
+
+
+@needs_triton
+def test_triton_kernel_with_several_k_blocks_and_non_contiguous_weights(interpreter):
+    # C = 40 spans three BLOCK_K = 16 steps (the last one masked); W is a transposed view
+    x, W, ids, w = case("skewed", 21, 40, 24, 3, 2, torch.float32, seed=2)
+    W_t = W.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not W_t.is_contiguous()
+    torch.testing.assert_close(moe_dispatch_triton(x, W_t, ids, w, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16).double(),
+                               oracle(x, W, ids, w), **TOL[torch.float32])
+
+
+def test_auto_backend_is_torch_on_the_cpu_and_triton_needs_cuda(compiled):
+    x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.float32)
+    torch.testing.assert_close(moe_dispatch(x, W, ids, w), moe_dispatch_torch(x, W, ids, w), rtol=0, atol=0)
+    torch.testing.assert_close(moe_dispatch(x, W, ids, w, backend="loop").double(), oracle(x, W, ids, w),
+                               **TOL[torch.float32])
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        moe_dispatch(x, W, ids, w, backend="triton")
+
+
+def test_bad_input_is_rejected():
+    x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.float32)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        moe_dispatch(x, W, ids, w, backend="cuda")
+    with pytest.raises(ValueError, match="disagree on C"):
+        moe_dispatch(x[:, :8], W, ids, w)
+    with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, E\) = \[0, 4\)"):
+        moe_dispatch(x, W, ids + 3, w)
+    with pytest.raises(ValueError, match=r"topk_ids and topk_weights must both be \(N, K\)"):
+        moe_dispatch(x, W, ids, w[:, :1])
+    with pytest.raises(TypeError, match="share a floating dtype"):
+        moe_dispatch(x, W.double(), ids, w)
+    with pytest.raises(TypeError, match="integer expert ids"):
+        moe_dispatch(x, W, ids.float(), w)
+    with pytest.raises(ValueError, match="empty operands"):
+        moe_dispatch(x[:0], W, ids[:0], w[:0])
+    with pytest.raises(ValueError, match="BLOCK_M must be a power of two >= 16"):
+        moe_dispatch_triton(x, W, ids, w, BLOCK_M=24)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(N=st.integers(1, 40), E=st.integers(1, 7), block=st.sampled_from([1, 4, 16]), data=st.data())
+def test_alignment_lists_every_assignment_once_in_single_expert_blocks(N, E, block, data):
+    K = data.draw(st.integers(1, E))
+    g = torch.Generator().manual_seed(N * 100 + E * 10 + K)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)])
+    sorted_ids, block_expert = align_block_size(ids, E, block)
+    NK = N * K
+    assert sorted_ids.numel() == block_expert.numel() * block
+    real = sorted_ids[sorted_ids < NK].long()
+    assert torch.equal(torch.sort(real).values, torch.arange(NK))  # every assignment exactly once
+    assert int((sorted_ids == NK).sum()) == sorted_ids.numel() - NK  # the rest is padding
+    flat = ids.reshape(-1)
+    per_row_expert = block_expert.repeat_interleave(block)
+    mask = sorted_ids < NK
+    assert torch.equal(flat[sorted_ids[mask].long()], per_row_expert[mask].long())  # rows sit in their expert's block
+    counts = torch.bincount(flat, minlength=E)
+    assert torch.equal(torch.bincount(block_expert.long(), minlength=E), (counts + block - 1) // block)
+    order, c2 = permute_by_expert(ids, E)
+    assert torch.equal(c2, counts) and bool((flat[order][1:] >= flat[order][:-1]).all())
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(N=st.integers(1, 24), E=st.integers(1, 6), D=st.sampled_from([4, 8, 12]), data=st.data())
+def test_grouped_torch_equals_the_oracle_for_any_routing(N, E, D, data):
+    K = data.draw(st.integers(1, E))
+    g = torch.Generator().manual_seed(N + 7 * E + 13 * K)
+    x = torch.randn(N, 8, generator=g, dtype=torch.float64)
+    W = torch.randn(E, 8, D, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, E, (N, K), generator=g)  # duplicates allowed: they simply add up
+    w = torch.rand(N, K, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(moe_dispatch_torch(x, W, ids, w), oracle(x, W, ids, w), **TOL[torch.float64])
+
+
+def test_import_needs_neither_triton_nor_a_gpu():
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import llmbook, llmbook.kernels.moe as m\n"
+            "from llmbook.registry import load_all; load_all()\n"
+            "import torch; x = torch.ones(2, 4); W = torch.ones(1, 4, 4)\n"
+            "y = m.moe_dispatch(x, W, torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1))\n"
+            "assert not m.triton_available() and y.sum().item() == 32.0\n"
+            "assert 'triton.runtime.driver' not in sys.modules\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# ================================================================= on a GPU: the compiled kernel, bfloat16
+
+
+@needs_cuda
+@needs_triton
+@pytest.mark.parametrize("kind, N, C, D, E, K", [("balanced", 256, 128, 256, 8, 2), ("skewed", 1000, 256, 128, 16, 2),
+                                                  ("empty", 333, 64, 64, 8, 4)])
+def test_gpu_bf16_triton_and_grouped_torch_match_the_loop(compiled, kind, N, C, D, E, K):
+    x, W, ids, w = case(kind, N, C, D, E, K, torch.bfloat16, device="cuda")
+    ref = oracle(x, W, ids, w)
+    y_loop = moe_dispatch_loop(x, W, ids, w)
+    y_torch = moe_dispatch_torch(x, W, ids, w)
+    y_triton = moe_dispatch(x, W, ids, w)  # auto: Triton on CUDA
+    for y in (y_loop, y_torch, y_triton):
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.double(), ref, **TOL[torch.bfloat16])
+    torch.testing.assert_close(y_triton, y_loop, **TOL[torch.bfloat16])
+    torch.testing.assert_close(y_torch, y_loop, **TOL[torch.bfloat16])

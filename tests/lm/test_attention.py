@@ -1,0 +1,370 @@
+"""Chapter 3, exact attention (ids 03.01-03.06) against independent oracles, plus claim C04.
+
+Oracles: ``torch.nn.functional.scaled_dot_product_attention`` (with ``is_causal``, ``attn_mask`` and
+``enable_gqa``), ``torch.nn.attention.bias.causal_lower_right``, ``torch.nn.MultiheadAttention`` with
+copied weights, ``transformers``' ``LlamaAttention`` and ``repeat_kv``, ``torch.autograd`` Jacobians.
+
+Tolerances, stated once: float32 against a torch oracle ``rtol = atol = 1e-5`` (``F32``); float64
+``rtol = atol = 1e-12`` (``F64``).
+"""
+
+import importlib.util
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn.attention.bias import causal_lower_right
+from transformers import LlamaConfig
+from transformers.models.llama import modeling_llama
+
+from llmbook.lm.attention import (
+    CrossAttention,
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiQueryAttention,
+    causal_mask,
+    masked_softmax,
+    repeat_kv,
+    scaled_dot_product_attention,
+    softmax_jacobian,
+)
+
+F32 = dict(rtol=1e-5, atol=1e-5)
+F64 = dict(rtol=1e-12, atol=1e-12)
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+
+
+def qkv(B=2, H=4, T_q=5, T_k=7, D=8, D_v=None, H_kv=None, dtype=torch.float32):
+    H_kv = H if H_kv is None else H_kv
+    return (torch.randn(B, H, T_q, D, dtype=dtype), torch.randn(B, H_kv, T_k, D, dtype=dtype),
+            torch.randn(B, H_kv, T_k, D if D_v is None else D_v, dtype=dtype))
+
+
+# ================================================================= 03.01 scaled dot-product
+
+
+@pytest.mark.equation("03.01", oracle="torch.nn.functional.scaled_dot_product_attention")
+@pytest.mark.parametrize("T_q, T_k, D, D_v, scale", [(5, 7, 8, 8, None), (1, 9, 16, 4, None), (6, 6, 4, 4, 0.3)])
+def test_sdpa_matches_torch(T_q, T_k, D, D_v, scale):
+    q, k, v = qkv(T_q=T_q, T_k=T_k, D=D, D_v=D_v)
+    ref = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, scale=scale), ref, **F32)
+    # head-less (B, T, D) inputs
+    torch.testing.assert_close(scaled_dot_product_attention(q[:, 0], k[:, 0], v[:, 0], scale=scale), ref[:, 0], **F32)
+    # boolean mask, True = attend (every row keeps key 0), and an additive float mask
+    allowed = torch.rand(2, 1, T_q, T_k) > 0.4
+    allowed[..., 0] = True
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=allowed, scale=scale),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale), **F32)
+    bias = torch.randn(T_q, T_k)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=bias, scale=scale),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), **F32)
+
+
+@pytest.mark.equation("03.01", oracle="torch.softmax of Q K^T / sqrt(d_k) in float64")
+def test_sdpa_weights_float64():
+    q, k, v = qkv(dtype=torch.float64)
+    out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
+    ref_w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1)
+    torch.testing.assert_close(w, ref_w, **F64)
+    torch.testing.assert_close(out, ref_w @ v, **F64)
+
+
+@pytest.mark.equation("03.01", oracle="convexity: rows of softmax weights are distributions (math.fsum)")
+@SETTINGS
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 5), st.floats(0.1, 30.0))
+def test_sdpa_output_is_a_convex_combination(T_q, T_k, D, spread):
+    g = torch.Generator().manual_seed(T_q * 100 + T_k * 10 + D)
+    q = torch.randn(1, 2, T_q, D, generator=g, dtype=torch.float64) * spread
+    k = torch.randn(1, 2, T_k, D, generator=g, dtype=torch.float64) * spread
+    v = torch.randn(1, 2, T_k, 3, generator=g, dtype=torch.float64)
+    out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
+    assert (w >= 0).all()
+    assert all(math.fsum(r) == pytest.approx(1.0, abs=1e-12) for r in w.reshape(-1, T_k).tolist())
+    lo, hi = v.amin(-2, keepdim=True), v.amax(-2, keepdim=True)
+    assert (out >= lo - 1e-12).all() and (out <= hi + 1e-12).all()
+
+
+# ================================================================= 03.02 causal masking
+
+
+@pytest.mark.equation("03.02", oracle="torch.nn.functional.scaled_dot_product_attention(is_causal=True)")
+@pytest.mark.parametrize("T", [1, 4, 13])
+def test_causal_matches_torch(T):
+    q, k, v = qkv(T_q=T, T_k=T)
+    ours = scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, is_causal=True), **F32)
+    # the additive form of the catalogue: M_ij = 0 for j <= i, -inf for j > i
+    M = torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=M), **F32)
+
+
+@pytest.mark.equation("03.02", oracle="torch.nn.attention.bias.causal_lower_right with F.scaled_dot_product_attention")
+@pytest.mark.parametrize("T_q, T_k", [(1, 9), (3, 8), (7, 4)])
+def test_causal_is_bottom_right_aligned(T_q, T_k):
+    q, k, v = qkv(T_q=T_q, T_k=T_k)
+    ref_mask = torch.ones(T_q, T_k, dtype=torch.bool).tril(T_k - T_q)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask)  # rows with no key: zeros
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True), ref, **F32)
+    assert torch.equal(causal_mask(T_q, T_k), ref_mask)
+    if T_q <= T_k:
+        ref2 = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(T_q, T_k))
+        torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True), ref2, **F32)
+    else:  # the first T_q - T_k queries see nothing: zero output and zero weights
+        out, w = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+        assert (out[:, :, : T_q - T_k] == 0).all() and (w[:, :, : T_q - T_k] == 0).all()
+
+
+@pytest.mark.equation("03.02", oracle="F.scaled_dot_product_attention with the AND of causal and padding masks")
+def test_causal_combines_with_padding_mask():
+    q, k, v = qkv(T_q=6, T_k=6)
+    pad = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    pad[1, ..., 4:] = False  # second sequence has two padding positions
+    both = pad & torch.ones(6, 6, dtype=torch.bool).tril()
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, mask=pad, is_causal=True),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=both), **F32)
+
+
+@pytest.mark.equation("03.02", oracle="invariance: outputs before t do not change when tokens after t change")
+def test_causal_no_peeking():
+    q, k, v = qkv(T_q=8, T_k=8, dtype=torch.float64)
+    out = scaled_dot_product_attention(q, k, v, is_causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 5:] += 10 * torch.randn_like(k2[:, :, 5:])
+    v2[:, :, 5:] -= 3.0
+    out2 = scaled_dot_product_attention(q, k2, v2, is_causal=True)
+    torch.testing.assert_close(out[:, :, :5], out2[:, :, :5], **F64)
+    assert not torch.allclose(out[:, :, 5:], out2[:, :, 5:])
+
+
+def test_masked_softmax_fully_masked_row_is_zero():
+    w = masked_softmax(torch.randn(2, 3), torch.tensor([[True, False, True], [False, False, False]]))
+    assert w[1].eq(0).all() and w[0, 1] == 0
+    assert w[0].sum().item() == pytest.approx(1.0, abs=1e-6)
+
+
+# ================================================================= 03.03-03.06 multi-head family
+
+
+def copy_to_torch_mha(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    bias = mha.q_proj.bias is not None
+    ref = nn.MultiheadAttention(mha.d_model, mha.n_heads, bias=bias, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
+        ref.out_proj.weight.copy_(mha.o_proj.weight)
+        if bias:
+            ref.in_proj_bias.copy_(torch.cat([mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
+            ref.out_proj.bias.copy_(mha.o_proj.bias)
+    return ref.eval()
+
+
+@pytest.mark.equation("03.03", oracle="torch.nn.MultiheadAttention with copied weights")
+@pytest.mark.parametrize("bias", [False, True])
+def test_mha_matches_torch_module(bias):
+    mha = MultiHeadAttention(d_model=32, n_heads=4, bias=bias).eval()
+    for p in mha.parameters():  # non-zero biases too
+        nn.init.normal_(p, std=0.3)
+    ref = copy_to_torch_mha(mha)
+    x = torch.randn(3, 9, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x), ref(x, x, x, need_weights=False)[0], **F32)
+        # causal: nn.MultiheadAttention's boolean mask means BLOCKED, ours (like SDPA's) means ATTEND
+        attend = torch.ones(9, 9, dtype=torch.bool).tril()
+        expected = ref(x, x, x, attn_mask=~attend, need_weights=False)[0]
+        torch.testing.assert_close(mha(x, is_causal=True), expected, **F32)
+        torch.testing.assert_close(mha(x, mask=attend), expected, **F32)
+
+
+@pytest.mark.equation("03.04", oracle="torch.nn.MultiheadAttention(query=x, key=value=context), copied weights")
+def test_cross_attention_matches_torch_module():
+    xattn = CrossAttention(d_model=16, n_heads=2).eval()
+    ref = copy_to_torch_mha(xattn)
+    x, context = torch.randn(2, 5, 16), torch.randn(2, 11, 16)
+    keep = torch.ones(2, 11, dtype=torch.bool)
+    keep[0, 8:] = False  # padded context positions
+    with torch.no_grad():
+        torch.testing.assert_close(xattn(x, context), ref(x, context, context, need_weights=False)[0], **F32)
+        ours = xattn(x, context, mask=keep[:, None, None, :])
+        theirs = ref(x, context, context, key_padding_mask=~keep, need_weights=False)[0]
+        torch.testing.assert_close(ours, theirs, **F32)
+        # the base class reaches the same result through context=
+        torch.testing.assert_close(MultiHeadAttention.forward(xattn, x, context=context), xattn(x, context), **F32)
+
+
+def sdpa_from_weights(mod, x, is_causal):
+    """Project with F.linear and the module's weights, then torch's SDPA with enable_gqa."""
+    B, T, _ = x.shape
+    D = mod.head_dim
+    q = F.linear(x, mod.q_proj.weight).view(B, T, -1, D).transpose(1, 2)
+    k = F.linear(x, mod.k_proj.weight).view(B, T, -1, D).transpose(1, 2)
+    v = F.linear(x, mod.v_proj.weight).view(B, T, -1, D).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    return F.linear(o.transpose(1, 2).reshape(B, T, -1), mod.o_proj.weight)
+
+
+def llama_reference(mod, n_kv_heads):
+    config = LlamaConfig(hidden_size=mod.d_model, num_attention_heads=mod.n_heads, num_key_value_heads=n_kv_heads,
+                         head_dim=mod.head_dim, attention_bias=False)
+    config._attn_implementation = "eager"
+    ref = modeling_llama.LlamaAttention(config, layer_idx=0).eval()
+    ref.load_state_dict({k: v for k, v in mod.state_dict().items()})
+    return ref, config
+
+
+def run_llama(ref, x, cos, sin):
+    T = x.shape[1]
+    causal = torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return ref(x, position_embeddings=(cos.unsqueeze(0), sin.unsqueeze(0)), attention_mask=causal[None, None])[0]
+
+
+@pytest.mark.equation("03.05", oracle="F.scaled_dot_product_attention(enable_gqa=True); transformers LlamaAttention")
+def test_mqa_matches_torch_and_llama():
+    mqa = MultiQueryAttention(d_model=32, n_heads=4).eval()
+    assert mqa.n_kv_heads == 1 and mqa.k_proj.weight.shape == (8, 32)
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(mqa(x, is_causal=True), sdpa_from_weights(mqa, x, True), **F32)
+        ref, _ = llama_reference(mqa, 1)
+        ones, zeros = torch.ones(7, mqa.head_dim), torch.zeros(7, mqa.head_dim)  # RoPE at angle 0: identity
+        torch.testing.assert_close(mqa(x, is_causal=True), run_llama(ref, x, ones, zeros), **F32)
+
+
+@pytest.mark.equation("03.06", oracle="F.scaled_dot_product_attention(enable_gqa=True); transformers LlamaAttention")
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(4, 2), (6, 3), (4, 4)])
+def test_gqa_matches_torch_and_llama(n_heads, n_kv_heads):
+    gqa = GroupedQueryAttention(d_model=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads).eval()
+    x = torch.randn(2, 6, 8 * n_heads)
+    with torch.no_grad():
+        for causal in (False, True):
+            torch.testing.assert_close(gqa(x, is_causal=causal), sdpa_from_weights(gqa, x, causal), **F32)
+        ref, _ = llama_reference(gqa, n_kv_heads)
+        ones, zeros = torch.ones(6, 8), torch.zeros(6, 8)
+        torch.testing.assert_close(gqa(x, is_causal=True), run_llama(ref, x, ones, zeros), **F32)
+
+
+@pytest.mark.equation("03.06", oracle="F.scaled_dot_product_attention(enable_gqa=True) on raw q, k, v")
+def test_sdpa_grouped_heads_match_torch():
+    q, k, v = qkv(H=6, H_kv=2, T_q=5, T_k=5)
+    for causal in (False, True):
+        torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True), **F32)
+
+
+def test_repeat_kv_matches_transformers():
+    x = torch.randn(2, 3, 5, 4)
+    assert torch.equal(repeat_kv(x, 4), modeling_llama.repeat_kv(x, 4))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llmbook.lm.positions") is None,
+                    reason="llmbook.lm.positions (apply_rope) is not written yet")
+@pytest.mark.equation("03.06", oracle="transformers LlamaAttention with LlamaRotaryEmbedding (RoPE)")
+def test_gqa_with_rope_matches_llama():
+    gqa = GroupedQueryAttention(d_model=32, n_heads=4, n_kv_heads=2).eval()
+    ref, config = llama_reference(gqa, 2)
+    x = torch.randn(2, 6, 32)
+    cos, sin = modeling_llama.LlamaRotaryEmbedding(config)(x, torch.arange(6)[None])
+    with torch.no_grad():
+        torch.testing.assert_close(gqa(x, is_causal=True, rope=(cos[0], sin[0])), run_llama(ref, x, cos[0], sin[0]),
+                                   **F32)
+
+
+def test_dropout_only_in_training():
+    mha = MultiHeadAttention(16, 2, dropout=0.5)
+    x = torch.randn(1, 6, 16)
+    with torch.no_grad():
+        mha.eval()
+        a, b = mha(x), mha(x)
+        mha.train()
+        c = mha(x)
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+
+
+# ================================================================= bad input
+
+
+def test_bad_inputs_are_rejected():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="must divide H"):
+        scaled_dot_product_attention(q, k[:, :3], v[:, :3])
+    with pytest.raises(ValueError, match="head width"):
+        scaled_dot_product_attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="agree on H_kv and T_k"):
+        scaled_dot_product_attention(q, k, v[:, :, :3])
+    with pytest.raises(ValueError, match="all have shape"):
+        scaled_dot_product_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="contains NaN"):
+        scaled_dot_product_attention(q.masked_fill(q > 1, float("nan")), k, v)
+    with pytest.raises(ValueError, match="must not be empty"):
+        scaled_dot_product_attention(q[:0], k[:0], v[:0])
+    with pytest.raises(TypeError, match="share one dtype"):
+        scaled_dot_product_attention(q.double(), k, v)
+    with pytest.raises(ValueError, match="must broadcast"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="bool"):
+        scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="scale must be"):
+        scaled_dot_product_attention(q, k, v, scale=-1.0)
+    with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
+        MultiHeadAttention(30, 4)
+    with pytest.raises(ValueError, match=r"n_heads \(4\) must be divisible by n_kv_heads \(3\)"):
+        MultiHeadAttention(32, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="x must have shape"):
+        MultiHeadAttention(32, 4)(torch.randn(2, 5, 16))
+    with pytest.raises(ValueError, match="context must have shape"):
+        MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), context=torch.randn(3, 5, 32))
+    with pytest.raises(ValueError, match="needs a context"):
+        CrossAttention(32, 4)(torch.randn(2, 5, 32), None)
+    with pytest.raises(ValueError, match="positive int"):
+        causal_mask(0)
+
+
+# ================================================================= claim C04: the 1/sqrt(d_k) scale
+
+
+@pytest.mark.equation("03.01", oracle="torch.autograd.functional.jacobian of torch.softmax")
+def test_softmax_jacobian_matches_autograd():
+    z = torch.randn(6, dtype=torch.float64)
+    a = torch.softmax(z, -1)
+    J = softmax_jacobian(a)
+    torch.testing.assert_close(J, torch.autograd.functional.jacobian(lambda t: torch.softmax(t, -1), z), **F64)
+    torch.testing.assert_close(J, J.T, **F64)  # symmetric
+    torch.testing.assert_close(J @ torch.ones(6, dtype=torch.float64), torch.zeros(6, dtype=torch.float64), **F64)
+    # the null space is exactly the ones vector: rank N - 1 for a softmax with full support
+    assert torch.linalg.matrix_rank(J).item() == 5
+
+
+def test_claim_c04_variance_of_dot_product_is_d_k():
+    """Var(q.k) = d_k for unit-variance q, k. N = 20000 samples: relative standard error of the sample
+    variance is sqrt((2 + 6/d_k)/N) < 0.012, so a 6 % band is a 5-sigma test."""
+    g = torch.Generator().manual_seed(4)
+    for d_k in (16, 64, 256):
+        q = torch.randn(20_000, d_k, generator=g, dtype=torch.float64)
+        k = torch.randn(20_000, d_k, generator=g, dtype=torch.float64)
+        var = (q * k).sum(-1).var().item()
+        assert var / d_k == pytest.approx(1.0, rel=0.06), (d_k, var)
+        assert ((q * k).sum(-1) / math.sqrt(d_k)).var().item() == pytest.approx(1.0, rel=0.06)
+
+
+def test_claim_c04_unscaled_softmax_saturates_and_its_jacobian_collapses():
+    """Median Frobenius norm of the softmax Jacobian over 64 keys: unscaled scores saturate as d_k grows
+    (the median query puts > 99 % of its weight on one key at d_k = 1024), scaled scores keep the same
+    distribution (Var = 1) whatever d_k. The median, because rare near-ties keep the mean up."""
+    g = torch.Generator().manual_seed(5)
+    norms = {}
+    for d_k in (64, 256, 1024):
+        q = torch.randn(100, 1, d_k, generator=g, dtype=torch.float64)
+        k = torch.randn(100, 64, d_k, generator=g, dtype=torch.float64)
+        s = (q @ k.transpose(-1, -2)).squeeze(1)  # (100, 64) raw scores
+        for name, scores in (("raw", s), ("scaled", s / math.sqrt(d_k))):
+            a = torch.softmax(scores, -1)
+            norms[name, d_k] = torch.linalg.matrix_norm(softmax_jacobian(a)).median().item()
+            if name == "raw" and d_k == 1024:
+                assert a.amax(-1).median().item() > 0.99  # nearly one-hot
+    assert norms["raw", 64] > norms["raw", 256] > norms["raw", 1024]
+    assert norms["raw", 1024] < 0.01 * norms["scaled", 1024]
+    scaled = [norms["scaled", d] for d in (64, 256, 1024)]
+    assert max(scaled) / min(scaled) < 1.25

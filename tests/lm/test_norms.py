@@ -1,0 +1,193 @@
+"""Chapter 5 (05.01-05.05) against torch.nn.functional and transformers, plus the RMSNorm half of claim C06.
+
+Tolerances, stated once:
+
+* float32 against a torch oracle: ``rtol = atol = 1e-5`` (``F32``);
+* float64 against a torch oracle or a float64 closed form: ``rtol = atol = 1e-12`` (``F64``);
+* RMSNorm against ``transformers``' ``LlamaRMSNorm`` (same float32 recipe): exact equality.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from llmbook.lm.norms import (
+    BatchNorm,
+    DeepNormResidual,
+    GroupNorm,
+    LayerNorm,
+    RMSNorm,
+    batch_norm,
+    deepnorm_constants,
+    group_norm,
+    layer_norm,
+    layer_norm_naive,
+    rms_norm,
+    variance,
+    variance_naive,
+)
+
+F32 = dict(rtol=1e-5, atol=1e-5)
+F64 = dict(rtol=1e-12, atol=1e-12)
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+
+
+# ================================================================= 05.01 LayerNorm
+
+
+@pytest.mark.equation("05.01", oracle="torch.nn.functional.layer_norm")
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, F32), (torch.float64, F64)])
+def test_layer_norm_matches_torch(dtype, tol):
+    x = torch.randn(3, 5, 16, dtype=dtype) * 3 + 2
+    w, b = torch.randn(16, dtype=dtype), torch.randn(16, dtype=dtype)
+    torch.testing.assert_close(layer_norm(x, w, b, 1e-5), F.layer_norm(x, (16,), w, b, 1e-5), **tol)
+    torch.testing.assert_close(layer_norm(x), F.layer_norm(x, (16,)), **tol)
+    ln, ref = LayerNorm(16), nn.LayerNorm(16)
+    with torch.no_grad():
+        ln.weight.copy_(w.float()), ln.bias.copy_(b.float())
+        ref.weight.copy_(w.float()), ref.bias.copy_(b.float())
+    torch.testing.assert_close(ln(x.float()), ref(x.float()), **F32)
+
+
+def test_two_pass_variance_survives_a_large_offset_where_the_naive_formula_fails():
+    g = torch.Generator().manual_seed(0)
+    x64 = 1e4 + 0.1 * torch.randn(8, 256, generator=g, dtype=torch.float64)
+    truth = x64.var(-1, unbiased=False)  # float64 reference (~0.01)
+    x = x64.float()
+    two_pass, naive = variance(x).double(), variance_naive(x).double()
+    assert torch.allclose(two_pass, truth, rtol=1e-3)  # float32 two-pass: 3 digits at least
+    assert ((naive - truth).abs() / truth).min() >= 0.99  # naive: every row wrong by ~100% or more
+    assert (naive < 0).any()  # and some "variances" come out negative
+    torch.testing.assert_close(variance(x64, unbiased=True), x64.var(-1, unbiased=True), **F64)
+    ours = layer_norm(x, eps=1e-6).double()
+    ref = F.layer_norm(x.double(), (256,), eps=1e-6)  # the same float32 data, normalised in float64
+    # the float32 mean itself is rounded to ~1e-3 (one ulp at 1e4), i.e. 1e-2 of a std: torch's own
+    # float32 layer_norm is off by as much, the naive one is off by everything (or NaN)
+    assert (ours - ref).abs().max() < 2e-2
+    assert (F.layer_norm(x, (256,), eps=1e-6).double() - ref).abs().max() < 2e-2
+    naive = layer_norm_naive(x, eps=1e-6).double()
+    assert torch.isnan(naive).any() or (naive - ref).abs().max() > 0.5
+
+
+# ================================================================= 05.02 RMSNorm
+
+
+@pytest.mark.equation("05.02", oracle="torch.nn.functional.rms_norm; transformers LlamaRMSNorm")
+def test_rms_norm_matches_torch_and_llama():
+    x = torch.randn(2, 7, 32)
+    w = torch.randn(32)
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), F.rms_norm(x, (32,), w, 1e-6), **F32)
+    x64 = x.double()
+    torch.testing.assert_close(rms_norm(x64, w.double(), 1e-6), F.rms_norm(x64, (32,), w.double(), 1e-6), **F64)
+    ours, ref = RMSNorm(32, eps=1e-6), LlamaRMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.copy_(w), ref.weight.copy_(w)
+    torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
+    xb = x.bfloat16()
+    torch.testing.assert_close(ours.bfloat16()(xb), ref.bfloat16()(xb), rtol=0, atol=0)
+    assert set(dict(ours.named_parameters())) == {"weight"}
+
+
+def test_norm_bad_input():
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        layer_norm(torch.randn(2, 8), torch.ones(7))
+    with pytest.raises(ValueError, match="eps must lie"):
+        rms_norm(torch.randn(8), eps=-1.0)
+    with pytest.raises(ValueError, match="divisible by the number of groups"):
+        group_norm(torch.randn(2, 6), 4)
+    with pytest.raises(ValueError, match="more than one value per channel"):
+        batch_norm(torch.randn(1, 3))
+    with pytest.raises(ValueError, match="needs running_mean"):
+        batch_norm(torch.randn(4, 3), training=False)
+    with pytest.raises(ValueError, match="positive integer"):
+        deepnorm_constants(0)
+
+
+# ================================================================= claim C06 (normalisation half)
+
+
+@given(seed=st.integers(0, 10_000), scale=st.floats(1e-3, 1e3), shift=st.floats(-1e2, 1e2))
+@SETTINGS
+def test_claim_C06_rmsnorm_is_scale_invariant_only_layernorm_also_shift(seed, scale, shift):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 64, generator=g, dtype=torch.float64)
+    # eps = 0 makes the invariances exact
+    torch.testing.assert_close(rms_norm(scale * x, eps=0.0), rms_norm(x, eps=0.0), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(layer_norm(scale * x + shift, eps=0.0), layer_norm(x, eps=0.0), rtol=1e-9, atol=1e-9)
+    if abs(shift) > 0.5:  # a real shift moves RMSNorm's output
+        assert (rms_norm(x + shift, eps=0.0) - rms_norm(x, eps=0.0)).abs().max() > 1e-2
+
+
+# ================================================================= 05.03 BatchNorm
+
+
+@pytest.mark.equation("05.03", oracle="torch.nn.functional.batch_norm (training and eval, running estimates)")
+@pytest.mark.parametrize("shape", [(16, 4), (8, 4, 10), (4, 4, 3, 5)])
+def test_batch_norm_matches_torch_including_running_stats(shape):
+    x = torch.randn(*shape, dtype=torch.float64) * 2 + 1
+    C = shape[1]
+    w, b = torch.randn(C, dtype=torch.float64), torch.randn(C, dtype=torch.float64)
+    rm, rv = torch.zeros(C, dtype=torch.float64), torch.ones(C, dtype=torch.float64)
+    rm_ref, rv_ref = rm.clone(), rv.clone()
+    for step in range(3):
+        xs = x + step
+        y = batch_norm(xs, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5)
+        y_ref = F.batch_norm(xs, rm_ref, rv_ref, w, b, training=True, momentum=0.1, eps=1e-5)
+        torch.testing.assert_close(y, y_ref, **F64)
+        torch.testing.assert_close(rm, rm_ref, **F64)
+        torch.testing.assert_close(rv, rv_ref, **F64)  # unbiased N/(N-1) in the running variance
+    y = batch_norm(x, rm, rv, w, b, training=False)
+    torch.testing.assert_close(y, F.batch_norm(x, rm_ref, rv_ref, w, b, training=False), **F64)
+
+
+def test_batch_norm_module_matches_nn_batchnorm1d():
+    ours, ref = BatchNorm(5), nn.BatchNorm1d(5)
+    x = torch.randn(12, 5, 7)
+    for _ in range(2):
+        torch.testing.assert_close(ours(x), ref(x), **F32)
+    torch.testing.assert_close(ours.running_var, ref.running_var, **F32)
+    ours.eval(), ref.eval()
+    torch.testing.assert_close(ours(x[:1]), ref(x[:1]), **F32)
+
+
+# ================================================================= 05.04 GroupNorm
+
+
+@pytest.mark.equation("05.04", oracle="torch.nn.functional.group_norm")
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+def test_group_norm_matches_torch(G):
+    x = torch.randn(3, 8, 5, 4, dtype=torch.float64)
+    w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    torch.testing.assert_close(group_norm(x, G, w, b), F.group_norm(x, G, w, b), **F64)
+    gn, ref = GroupNorm(G, 8), nn.GroupNorm(G, 8)
+    torch.testing.assert_close(gn(x.float()), ref(x.float()), **F32)
+
+
+# ================================================================= 05.05 DeepNorm
+
+
+@pytest.mark.equation("05.05", oracle="torch.nn.functional.layer_norm(alpha * x + G(x)); float64 closed forms "
+                      "of DeepNet table 1")
+def test_deepnorm_block_and_constants():
+    N, M = 6, 18
+    # DeepNet (Wang et al. 2022), table 1, typed independently
+    assert deepnorm_constants(M) == pytest.approx(((2 * M) ** 0.25, (8 * M) ** -0.25), rel=1e-15)
+    enc = deepnorm_constants(N, M, part="encoder")
+    dec = deepnorm_constants(N, M, part="decoder")
+    assert enc == pytest.approx((0.81 * math.pow(N ** 4 * M, 1 / 16), 0.87 * math.pow(N ** 4 * M, -1 / 16)))
+    assert dec == pytest.approx((math.pow(3 * M, 0.25), math.pow(12 * M, -0.25)))
+    alpha, beta = deepnorm_constants(M)
+    ffn = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    before = [m.weight.clone() for m in ffn if isinstance(m, nn.Linear)]
+    block = DeepNormResidual(8, ffn, alpha).init_(beta)
+    after = [m.weight for m in ffn if isinstance(m, nn.Linear)]
+    for w0, w1 in zip(before, after, strict=True):
+        torch.testing.assert_close(w1, beta * w0, rtol=0, atol=0)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(block(x), F.layer_norm(alpha * x + ffn(x), (8,)), **F32)
