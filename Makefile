@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 VENDOR := _build/vendor-static/vendor
 NPM_PACKAGES := mathjax@3.2.2 requirejs@2.3.7 @jupyter-widgets/html-manager@1.0.15
 
-.PHONY: help env vendor book notebooks pages test lint unit nbval serve clean
+.PHONY: help env vendor browser book notebooks pages test lint unit nbval site-test serve clean
 
 help:
 	@echo "make book       build the website into _build/html (executes every notebook, warnings are errors)"
@@ -48,6 +48,7 @@ pages: env
 	$(BIN)/python -m llmbook pages
 
 book: env vendor pages
+	rm -rf _build/html
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The site is in _build/html (open _build/html/index.html, or run 'make serve')."
 
@@ -58,12 +59,19 @@ lint: env
 	$(BIN)/ruff check llmbook tests benchmarks
 
 unit: env
-	$(BIN)/pytest -q -n 2 llmbook tests
+	$(BIN)/pytest -q -n 2 --ignore=tests/site llmbook tests
 
 nbval: env
 	$(BIN)/pytest -q -o addopts="-p no:cacheprovider" --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book
 
 test: lint unit nbval
+
+# Debian's Chromium for the browser tests (Playwright cannot download its own browser here).
+browser:
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium > /dev/null)
+
+site-test: env browser
+	LLMBOOK_SITE_TESTS=1 $(BIN)/pytest -q -o addopts="-p no:cacheprovider" tests/site
 
 serve:
 	$(BIN)/python -m http.server 8000 --bind 127.0.0.1 --directory _build/html

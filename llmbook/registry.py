@@ -203,12 +203,20 @@ class Shown:
     calls: bool  # a code cell of that notebook calls an implementing function
 
 
+def book_notebooks(root: Path) -> list[Path]:
+    """The notebooks that are part of the book: those listed in ``_toc.yml`` (all of ``book/`` without one)."""
+    toc = root / "_toc.yml"
+    if not toc.exists():
+        return sorted(p for p in (root / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    listed = re.findall(r"file:\s*([\w./-]+)", toc.read_text(encoding="utf-8"))
+    paths = [root / (f if f.endswith(".ipynb") else f + ".ipynb") for f in listed]
+    return [p for p in paths if p.exists()]
+
+
 def scan_book(root: Path, impls: dict[str, list[str]]) -> dict[str, Shown]:
     """Find the chapter section of each id and whether its notebook calls the implementation."""
     shown: dict[str, Shown] = {}
-    for path in sorted((root / "book").rglob("*.ipynb")):
-        if ".ipynb_checkpoints" in path.parts:
-            continue
+    for path in book_notebooks(root):
         cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
         md = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
         code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")

@@ -1,0 +1,126 @@
+"""Every page of the built site, in a real browser: maths, images, scripts, widgets, search."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.site.conftest import ROOT, SITE
+
+# Console errors that are not ours and do not affect the page, each with its reason:
+ALLOWED_CONSOLE_ERRORS = [
+    # pydata-sphinx-theme logs this on a first visit, before any theme choice is stored.
+    re.compile(r"Got invalid theme mode"),
+]
+
+
+def chapter_notebooks():
+    """The chapter notebooks listed in _toc.yml (what the site is built from)."""
+    toc = (ROOT / "_toc.yml").read_text(encoding="utf-8")
+    names = re.findall(r"file:\s*book/(\d\d-[\w-]+)", toc)
+    return [ROOT / "book" / f"{n}.ipynb" for n in names if (ROOT / "book" / f"{n}.ipynb").exists()]
+
+
+def pages():
+    names = [f"book/{p.stem}" for p in chapter_notebooks()]
+    names += ["book/intro", "book/notation", "book/equation-index", "book/status", "book/references", "book/api"]
+    return names
+
+
+def widget_outputs(nb: Path) -> int:
+    cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+    return sum("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []))
+
+
+def open_page(browser, url):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || window.MathJax.startup.promise")
+    page.evaluate("() => window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null")
+    page.wait_for_timeout(300)
+    return page, errors
+
+
+@pytest.mark.parametrize("name", pages())
+def test_page_renders_cleanly(browser, site_url, name):
+    page, errors = open_page(browser, f"{site_url}/{name}.html")
+    try:
+        text = page.locator("article").inner_text()
+        assert "$$" not in text, "raw $$ left in the page: a formula was not rendered"
+        assert page.locator("mjx-merror").count() == 0, "MathJax reported an error"
+        if name.startswith("book/0") or name.startswith("book/1"):
+            assert page.locator("mjx-container").count() > 5, "chapter maths not typeset by MathJax"
+        broken = page.evaluate(
+            "() => Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+        assert not broken, f"broken images: {broken[:3]}"
+        unexpected = [e for e in errors if not any(rx.search(e) for rx in ALLOWED_CONSOLE_ERRORS)]
+        assert not unexpected, f"JavaScript errors: {unexpected}"
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("nb", chapter_notebooks(), ids=lambda p: p.stem)
+def test_every_widget_is_present_and_kernel_free_sliders_change_the_figure(browser, site_url, nb):
+    expected = widget_outputs(nb)
+    if expected == 0:
+        pytest.skip(f"{nb.name} has no widget")
+    page, errors = open_page(browser, f"{site_url}/book/{nb.stem}.html")
+    try:
+        page.wait_for_selector(".cell_output .widget-vbox", timeout=15000)
+        roots = page.locator(".cell_output .jupyter-widgets.widget-vbox:not(.widget-vbox .widget-vbox)")
+        assert roots.count() >= expected, f"{roots.count()} widgets rendered, {expected} in the notebook"
+        for i in range(expected):
+            root = roots.nth(i)
+            root.scroll_into_view_if_needed()
+            visible_src = "(el) => Array.from(el.querySelectorAll('img')).filter(i => i.offsetParent !== null).map(i => i.src).join()"
+            before = root.evaluate(visible_src)
+            assert before, "no visible figure in the widget"
+            handle = root.locator(".noUi-handle").first
+            handle.focus()
+            for _ in range(2):
+                page.keyboard.press("ArrowRight")
+            page.wait_for_timeout(300)
+            after = root.evaluate(visible_src)
+            if after == before:  # at the right end of the slider: move the other way
+                for _ in range(4):
+                    page.keyboard.press("ArrowLeft")
+                page.wait_for_timeout(300)
+                after = root.evaluate(visible_src)
+            assert after and after != before, "moving the slider did not change the figure"
+        assert not [e for e in errors if not any(rx.search(e) for rx in ALLOWED_CONSOLE_ERRORS)]
+    finally:
+        page.close()
+
+
+def test_equation_index_filters_in_the_browser(browser, site_url):
+    page, _ = open_page(browser, f"{site_url}/book/equation-index.html")
+    try:
+        rows = page.locator("#eq-table tbody tr")
+        total = rows.count()
+        assert total > 20
+        page.fill("#eq-filter", "top-p")
+        page.wait_for_timeout(200)
+        visible = [r for r in rows.all() if r.is_visible()]
+        assert 0 < len(visible) < total
+        assert all("top" in r.inner_text().lower() for r in visible)
+        assert page.locator("#eq-count").inner_text() == f"{len(visible)} equations"
+        page.fill("#eq-filter", "")
+        page.wait_for_timeout(200)
+        assert sum(r.is_visible() for r in rows.all()) == total
+    finally:
+        page.close()
+
+
+def test_launch_buttons_point_at_the_notebooks_in_the_configured_repository():
+    from llmbook.bookpages import repository_url
+
+    repo = repository_url(ROOT / "_config.yml").removeprefix("https://github.com/")
+    for nb in chapter_notebooks():
+        html = (SITE / "book" / f"{nb.stem}.html").read_text(encoding="utf-8")
+        assert f"https://colab.research.google.com/github/{repo}/blob/main/book/{nb.name}" in html
+        assert f"../_sources/book/{nb.name}" in html  # download button
