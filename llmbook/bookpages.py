@@ -132,6 +132,16 @@ def status_page(cov: registry.Coverage) -> str:
         tot = [tot[0] + n, tot[1] + impl, tot[2] + tested, tot[3] + shown]
         lines.append(f"| {ch} | {fam} | {n} | {impl} | {tested} | {shown} |")
     lines.append(f"| | **all** | **{tot[0]}** | **{tot[1]}** | **{tot[2]}** | **{tot[3]}** |")
+    lines += [
+        "",
+        "## Execution",
+        "",
+        "Every chapter notebook is executed when the book is built; the table below is filled in by the",
+        "build itself (method, time and status of each notebook's last execution).",
+        "",
+        "```{nb-exec-table}",
+        "```",
+    ]
     return "\n".join(lines) + "\n"
 
 

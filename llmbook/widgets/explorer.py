@@ -155,10 +155,10 @@ class Explorer:
     def frames(self, progress: bool = False) -> dict[tuple[int, ...], bytes]:
         """PNG bytes for every point of the grid, keyed by the tuple of value indices."""
         points = list(itertools.product(*[range(len(p.values)) for p in self.params]))
-        if progress:
-            from tqdm.auto import tqdm
+        if progress:  # plain tqdm on stderr: the site drops stderr, nbval never sees it
+            from tqdm import tqdm
 
-            points = tqdm(points, desc=f"precomputing {self.title or 'frames'}", leave=False)
+            points = tqdm(points, desc=f"precomputing {self.title or 'frames'}", leave=False, file=sys.stderr)
         out = {}
         for idx in points:
             out[idx] = self.png(**{p.name: p.values[i] for p, i in zip(self.params, idx, strict=True)})
