@@ -202,12 +202,12 @@ def api_page() -> str:
         name = info.name
         if any(part.startswith("_") for part in name.split(".")) or name in ("llmbook.cli", "llmbook.bookpages"):
             continue
-        if info.ispkg:  # a package page only when its __init__ defines something itself
+        members = ["   :members:"]
+        if info.ispkg:  # a package documents its own definitions only (re-exports live in their modules)
             mod = importlib.import_module(name)
             own = [v for k, v in vars(mod).items() if not k.startswith("_") and getattr(v, "__module__", "") == name]
-            if not own:
-                continue
-        lines += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", "   :members:", "```", ""]
+            members = members if own else []
+        lines += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", *members, "```", ""]
     return "\n".join(lines)
 
 

@@ -1,10 +1,20 @@
 """Shared test set-up: deterministic seeds and the ``equation`` marker's contract."""
 
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
+
+# Without CUDA, Triton kernels can only run in its interpreter. The mode is fixed when triton is first
+# imported (transformers' Mixtral module imports it too), so it is chosen here, before any test module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# One thread per test process: pytest-xdist already runs one process per core, and torch's own
+# threads only fight over the cores for the tiny tensors used here.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-from functools import cache
+from functools import cache, partial
 
 import torch
 from jaxtyping import Float
@@ -81,16 +81,24 @@ def _triton():
     return triton
 
 
+_INTERPRETED: bool | None = None
+
+
 def _interpreting() -> bool:
     """Whether Triton runs in its CPU interpreter, which is fixed when ``triton`` is first imported."""
-    _triton()
-    from triton.runtime.interpreter import InterpretedFunction
+    global _INTERPRETED
+    if _INTERPRETED is None:
+        _triton()
+        from triton.runtime.interpreter import InterpretedFunction
 
-    imported_interpreted = isinstance(tl.zeros, InterpretedFunction)
-    if imported_interpreted != (os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
-        raise RuntimeError("TRITON_INTERPRET changed after triton was imported: set it (or unset it) before the "
-                           "first import of triton in this process, e.g. at the top of a test module or conftest.py")
-    return imported_interpreted
+        imported_interpreted = isinstance(tl.zeros, InterpretedFunction)
+        knobs = getattr(triton, "knobs", None)
+        asked = knobs.runtime.interpret if knobs else os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        if imported_interpreted != bool(asked):
+            raise RuntimeError("TRITON_INTERPRET changed after triton was imported: set it (or unset it) before "
+                               "the first import of triton in this process, e.g. in a test module or conftest.py")
+        _INTERPRETED = imported_interpreted
+    return _INTERPRETED
 
 
 def _alloc(shape, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -333,51 +341,65 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, H, Tq, Tk, GRO
 # ====================================================================================== kernel objects
 
 
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried by the autotuner on CUDA, for 16-bit inputs with head
+# dimensions up to 64 and up to 128, and for float32 (IEEE dots without tensor cores: small tiles). Chosen
+# from an sm_90 compile of each candidate (shared memory, registers, spills): the ones that spill heavily
+# are left out, so that compiling and timing them all stays short. Forward: 128 query rows against 64 or
+# 128 keys. dK/dV keeps BLOCK_N key rows resident and streams BLOCK_M query rows past them; dQ is the
+# mirror image.
+TUNING = {
+    "fwd": {
+        64: [(128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)],
+        128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)],
+        "fp32": [(32, 32, 4, 2), (32, 32, 4, 3), (64, 32, 8, 2)],
+    },
+    "dkdv": {
+        64: [(32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3), (64, 64, 8, 3), (32, 64, 4, 3)],
+        128: [(32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 8, 3), (32, 64, 4, 3), (32, 64, 8, 3)],
+        "fp32": [(32, 32, 4, 2), (16, 64, 4, 2), (32, 64, 8, 2)],
+    },
+    "dq": {
+        64: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3)],
+        128: [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4)],
+        "fp32": [(32, 32, 4, 2), (64, 32, 8, 2), (64, 16, 4, 2)],
+    },
+}
+TUNING_KEY = ["Tq", "Tk", "GROUP", "CAUSAL", "HEAD_DIM"]
+
+
+def _tuning_class(dtype: torch.dtype, head_dim: int):
+    if dtype == torch.float32:
+        return "fp32"
+    return 64 if head_dim <= 64 else 128
+
+
 def _configs(kind: str):
-    """Autotuning candidates (CUDA only). Forward: BLOCK_M 128, BLOCK_N 64/128, 4/8 warps, 2-4 stages."""
-    c = _triton().Config
-    if kind == "fwd":
-        return [c({"BLOCK_M": 128, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                for bn in (64, 128) for w in (4, 8) for s in (2, 3, 4)]
-    if kind == "dkdv":  # BLOCK_N key rows stay resident, BLOCK_M query rows stream past
-        return [c({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                for bm, bn in ((32, 128), (64, 128), (64, 64)) for w in (4, 8) for s in (2, 3)]
-    # dq: BLOCK_M query rows stay resident, BLOCK_N key rows stream past
-    return [c({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn in ((128, 32), (128, 64), (64, 64)) for w in (4, 8) for s in (2, 3)]
+    """Every candidate of one kernel, for all head dimensions (``_prune`` keeps the ones for this call)."""
+    config = _triton().Config
+    tiles = dict.fromkeys(t for tiles in TUNING[kind].values() for t in tiles)
+    return [config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop candidates that cannot fit or that Hopper runs badly, so autotuning stays short."""
-    head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM", 128))
-    keep = []
-    for cfg in configs:
-        bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-        if head_dim >= 128 and cfg.num_stages >= 4 and bn >= 128:
-            continue  # K and V tiles times 4 stages exceed shared memory
-        if cfg.num_warps == 8 and bm * bn < 128 * 64:
-            continue  # too little work per warp
-        if head_dim <= 64 and cfg.num_warps == 8 and bm * bn < 128 * 128:
-            continue
-        keep.append(cfg)
+def _prune(kind: str, configs, named_args, **kwargs):
+    wanted = set(TUNING[kind][_tuning_class(named_args["Q"].dtype, kwargs["HEAD_DIM"])])
+    keep = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
     return keep or configs[:1]
 
 
 def _tuning_bench(fn, quantiles):
+    """How the autotuner times a candidate: short do_bench runs (the tests replace this)."""
     return _triton().testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
 @cache
 def _kernels(interpreted: bool):
-    """Wrap the kernel bodies: plain jit (explicit block sizes) and, on CUDA, autotuned variants."""
+    """The kernel bodies wrapped by ``triton.jit`` (launched with explicit block sizes) and by ``autotune``."""
     t = _triton()
     jit = {name: t.jit(fn) for name, fn in (("fwd", _attn_fwd), ("pre", _attn_bwd_preprocess),
                                            ("dkdv", _attn_bwd_dkdv), ("dq", _attn_bwd_dq))}
-    if interpreted:
-        return jit, {}
-    key = ["Tq", "Tk", "GROUP", "CAUSAL", "HEAD_DIM"]
-    tuned = {name: t.autotune(_configs(name), key=key, prune_configs_by={"early_config_prune": _prune},
-                              do_bench=_tuning_bench)(jit[name])
+    tuned = {name: t.autotune(_configs(name), key=TUNING_KEY,
+                              prune_configs_by={"early_config_prune": partial(_prune, name)},
+                              do_bench=lambda fn, quantiles: _tuning_bench(fn, quantiles))(jit[name])
              for name in ("fwd", "dkdv", "dq")}
     return jit, tuned
 
@@ -450,46 +472,71 @@ def _meta(q: Tensor, causal: bool) -> dict:
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
-def _launch(name: str, grid_rows: int, n_programs: int, args: tuple, meta: dict, blocks):
-    """Launch kernel ``name`` with explicit ``blocks = (BLOCK_M, BLOCK_N)`` or through its autotuner."""
+def _launch(name: str, grid_rows: int, n_programs: int, args: tuple, meta: dict, blocks, warmup=None):
+    """Launch kernel ``name`` with explicit ``blocks = (BLOCK_M, BLOCK_N)`` or through its autotuner.
+
+    With ``warmup`` (a set of kernel names) nothing runs: the kernels named there are compiled for these
+    arguments (every autotuning candidate when ``blocks`` is None), which fills Triton's disk cache.
+    """
     jit, tuned = _kernels(_interpreting())
     cdiv = _triton().cdiv
     tile = "BLOCK_N" if name == "dkdv" else "BLOCK_M"  # the grid runs over key tiles for dK/dV
     if blocks is None:
-        tuned[name][lambda m: (cdiv(grid_rows, m[tile]), n_programs)](*args, **meta)
-    else:
-        bm, bn = blocks
-        warps = 4 if bm * bn <= 64 * 64 else 8
-        grid = (cdiv(grid_rows, bn if name == "dkdv" else bm), n_programs)
-        jit[name][grid](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=2)
+        if warmup is None:
+            tuned[name][lambda m: (cdiv(grid_rows, m[tile]), n_programs)](*args, **meta)
+        elif name in warmup:
+            tuned[name].warmup(*args, grid=(1, 1), **meta)
+        return
+    bm, bn = blocks
+    launch = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4 if bm * bn <= 64 * 64 else 8, num_stages=2)
+    if warmup is None:
+        jit[name][(cdiv(grid_rows, bn if name == "dkdv" else bm), n_programs)](*args, **meta, **launch)
+    elif name in warmup:
+        jit[name].warmup(*args, grid=(1, 1), **meta, **launch)
 
 
-def _forward(q, k, v, causal, scale, blocks):
+def _forward(q, k, v, causal, scale, blocks, warmup=None):
     B, H, Tq, D = q.shape
     H_kv, Tk = k.shape[1], k.shape[2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = _alloc(q.shape, q)
     lse = _alloc((B, H, Tq), q, torch.float32)
     args = (q, k, v, o, lse, scale * LOG2E, H, Tq, Tk, H // H_kv)
-    _launch("fwd", Tq, B * H, args, _meta(q, causal), blocks)
+    _launch("fwd", Tq, B * H, args, _meta(q, causal), blocks, warmup)
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, causal, scale, blocks):
+def _backward(do, q, k, v, o, lse, causal, scale, blocks, warmup=None):
     B, H, Tq, D = q.shape
     H_kv, Tk = k.shape[1], k.shape[2]
     do = do.to(q.dtype).contiguous()
     meta = _meta(q, causal)
     delta = _alloc(lse.shape, lse)
     bm_pre = 64 if blocks is None else blocks[0]
-    jit, _ = _kernels(_interpreting())
-    jit["pre"][(_triton().cdiv(Tq, bm_pre), B * H)](o, do, delta, Tq, HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"],
-                                                      BLOCK_M=bm_pre)
+    pre = _kernels(_interpreting())[0]["pre"]
+    pre_args, pre_meta = (o, do, delta, Tq), dict(HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=bm_pre)
+    if warmup is None:
+        pre[(_triton().cdiv(Tq, bm_pre), B * H)](*pre_args, **pre_meta)
+    elif "pre" in warmup:
+        pre.warmup(*pre_args, grid=(1, 1), **pre_meta)
     dq, dk, dv = _alloc(q.shape, q), _alloc(k.shape, k), _alloc(v.shape, v)
     common = (scale * LOG2E, scale, H, Tq, Tk, H // H_kv)
-    _launch("dkdv", Tk, B * H_kv, (q, k, v, do, lse, delta, dk, dv, *common), meta, blocks)
-    _launch("dq", Tq, B * H, (q, k, v, do, lse, delta, dq, *common), meta, blocks)
+    _launch("dkdv", Tk, B * H_kv, (q, k, v, do, lse, delta, dk, dv, *common), meta, blocks, warmup)
+    _launch("dq", Tq, B * H, (q, k, v, do, lse, delta, dq, *common), meta, blocks, warmup)
     return dq, dk, dv
+
+
+def _precompile(kinds, dtype: torch.dtype, head_dim: int, causal: bool, H: int, T: int = 512, device="cuda"):
+    """Compile every autotuning candidate of the kernels in ``kinds`` (``"fwd", "pre", "dkdv", "dq"``).
+
+    Nothing is launched. Triton specialises integer arguments only on ``== 1`` and divisibility by 16, so
+    one ``T`` that is a multiple of 16 (and ``H`` of the same kind) covers every such length. Run this in
+    worker processes to compile in parallel: a later autotuning run then finds the binaries on disk.
+    """
+    x = torch.zeros(1, H, T, head_dim, device=device, dtype=dtype)
+    scale = head_dim**-0.5
+    o, lse = _forward(x, x, x, causal, scale, None, warmup=frozenset(kinds))
+    _backward(x, x, x, x, o, lse, causal, scale, None, warmup=frozenset(kinds))
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -530,9 +577,11 @@ def flash_attention_forward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H
     rows for each tile of ``block_m`` queries, and returns ``(o, lse)`` with ``lse`` in float32 (natural
     log, :math:`-\infty` for a query that sees no key). No gradient flows through this function.
 
-    ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``, ``k, v`` are ``(B, H_kv, T_k, D)`` or ``(B, T_k, D)``;
-    ``scale`` (:math:`\tau`) defaults to :math:`1/\sqrt{D}`. ``block_m``/``block_n`` are powers of two
-    >= 16, required under the interpreter and chosen by autotuning on CUDA when omitted.
+    Symbols: :math:`Q, K, V` are ``q, k, v``, :math:`\tau` is ``scale`` (default :math:`1/\sqrt{D}`),
+    :math:`L` is ``lse``. ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``, ``k, v`` are
+    ``(B, H_kv, T_k, D)`` or ``(B, T_k, D)`` with ``H_kv`` dividing ``H`` and ``D <= 128``; float16,
+    bfloat16 or float32. ``block_m``/``block_n`` are powers of two >= 16, required under the
+    interpreter and chosen by autotuning on CUDA when omitted.
 
     >>> q = torch.zeros(1, 1, 3, 16)
     >>> o, lse = flash_attention_forward(q, q, q, block_m=16, block_n=16)  # doctest: +SKIP
@@ -591,9 +640,10 @@ def flash_attention(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k 
     same online softmax in plain torch) everywhere else; ``"triton"`` and ``"torch"`` force one.
     Differentiable with either backend.
 
-    ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``; ``k, v`` are ``(B, H_kv, T_k, D)`` (``H_kv``
-    divides ``H``) or ``(B, T_k, D)``. ``causal=True`` lets query ``i`` see keys ``j <= i + T_k - T_q``.
-    ``scale`` defaults to :math:`1/\sqrt{D}`. The result has the shape and dtype of ``q``.
+    Symbols: :math:`Q, K, V` are ``q, k, v``, :math:`\tau` is ``scale`` (default :math:`1/\sqrt{D}`),
+    :math:`M_{ij} = -\infty` where ``causal`` hides key ``j`` from query ``i`` (``j > i + T_k - T_q``),
+    else 0. ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``; ``k, v`` are ``(B, H_kv, T_k, D)``
+    (``H_kv`` divides ``H``) or ``(B, T_k, D)``. The result has the shape and dtype of ``q``.
 
     >>> q = torch.zeros(1, 2, 4, 8)
     >>> v = torch.arange(32.0).reshape(1, 2, 4, 4).repeat(1, 1, 1, 2)

@@ -128,7 +128,11 @@ def permute_by_expert(topk_ids: Int[Tensor, "N K"], E: int) -> tuple[Tensor, Ten
 
 
 def has_grouped_mm() -> bool:
-    """Whether this torch has ``torch.nn.functional.grouped_mm`` (or the older ``torch._grouped_mm``)."""
+    """Whether this torch has ``torch.nn.functional.grouped_mm`` (or the older ``torch._grouped_mm``).
+
+    >>> isinstance(has_grouped_mm(), bool)
+    True
+    """
     return hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
 
 
@@ -178,13 +182,17 @@ def moe_dispatch_torch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E
     N, C, D, E, K = _check(x, expert_weights, topk_ids, topk_weights)
     order, counts = permute_by_expert(topk_ids, E)
     xs = x[order // K]  # gather: row j of the permuted batch is the token of assignment order[j]
-    grouped = _grouped_mm_suits(xs, expert_weights) if use_grouped_mm is None else use_grouped_mm
-    if grouped:
+    ys = None
+    if use_grouped_mm or (use_grouped_mm is None and _grouped_mm_suits(xs, expert_weights)):
         if not has_grouped_mm():
             raise RuntimeError("use_grouped_mm=True but this torch has no grouped_mm")
         offs = torch.cumsum(counts, 0).to(torch.int32)
-        ys = _grouped_mm(xs.contiguous(), expert_weights.contiguous(), offs)
-    else:
+        try:
+            ys = _grouped_mm(xs.contiguous(), expert_weights.contiguous(), offs)
+        except RuntimeError:
+            if use_grouped_mm:  # forced: report; automatic: an unsupported layout falls back below
+                raise
+    if ys is None:
         ys = _padded_bmm(xs, expert_weights, counts)
     acc = _acc_dtype(x.dtype)
     ys = ys.to(acc) * topk_weights.reshape(-1)[order].to(acc).unsqueeze(-1)  # gate
@@ -196,7 +204,11 @@ def moe_dispatch_torch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E
 
 
 def triton_available() -> bool:
-    """Whether ``import triton`` works (it is optional: only the GPU backend needs it)."""
+    """Whether ``import triton`` works (it is optional: only the GPU backend needs it).
+
+    >>> isinstance(triton_available(), bool)
+    True
+    """
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -205,13 +217,27 @@ def triton_available() -> bool:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Whether triton was imported in its CPU interpreter mode (fixed at its first import).
+
+    ``triton.jit`` decorates triton's own library functions when ``triton`` is first imported, so
+    ``TRITON_INTERPRET=1`` must be set before that import; a later change cannot take effect and is
+    reported here rather than failing deep inside the kernel.
+    """
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    imported_interpreted = isinstance(tl.zeros, InterpretedFunction)
+    wanted = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on", "y")
+    if imported_interpreted != wanted:
+        raise RuntimeError("TRITON_INTERPRET changed after triton was imported: set it (or unset it) before the "
+                           "first import of triton in this process, e.g. at the top of a test module or conftest.py")
+    return imported_interpreted
 
 
 @functools.cache
 def _kernel(interpret: bool):
     """Build the Triton kernel on first use; ``interpret`` keys the cache (``triton.jit`` reads
-    ``TRITON_INTERPRET`` when it decorates, so the interpreter and compiled kernels are distinct)."""
+    ``TRITON_INTERPRET`` when it decorates, so interpreted and compiled kernels are distinct objects)."""
     import triton
     import triton.language as tl
 
@@ -220,7 +246,7 @@ def _kernel(interpret: bool):
         x_ptr, w_ptr, gate_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr,
         NK, C, D, K,
         stride_xn, stride_xc, stride_we, stride_wc, stride_wd, stride_on, stride_od,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -238,7 +264,7 @@ def _kernel(interpret: bool):
                         mask=valid[:, None] & (kk[None, :] < C), other=0.0)  # gather rows by index
             b = tl.load(w_ptr + e * stride_we + kk[:, None] * stride_wc + offs_n[None, :] * stride_wd,
                         mask=(kk[:, None] < C) & (offs_n[None, :] < D), other=0.0)
-            acc += tl.dot(a, b)
+            acc += tl.dot(a, b, input_precision=PRECISION)
         gate = tl.load(gate_ptr + a_id, mask=valid, other=0.0).to(tl.float32)
         acc = acc * gate[:, None]  # epilogue: the gate weight
         out = out_ptr + a_id.to(tl.int64)[:, None] * stride_on + offs_n[None, :] * stride_od
@@ -254,8 +280,9 @@ def align_block_size(topk_ids: Int[Tensor, "N K"], E: int, BLOCK_M: int) -> tupl
     indices expert by expert, padded with the sentinel ``N K``; ``block_expert`` (``(M_pad / BLOCK_M,)``)
     gives the expert of each block. Empty experts get no block.
 
-    >>> align_block_size(torch.tensor([[1], [1], [0]]), 3, 2)
-    (tensor([2, 3, 0, 1]), tensor([0, 1]))
+    >>> sorted_ids, block_expert = align_block_size(torch.tensor([[1], [1], [0]]), 3, 2)
+    >>> sorted_ids.tolist(), block_expert.tolist()  # expert 0: row 2 + padding 3; expert 1: rows 0, 1
+    ([2, 3, 0, 1], [0, 1])
     """
     order, counts = permute_by_expert(topk_ids, E)
     NK = topk_ids.numel()
@@ -277,20 +304,26 @@ def moe_dispatch_triton(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "
 
     Needs CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` (the slow reference interpreter,
     used by the tests). Block sizes are explicit (powers of two, at least 16 for ``tl.dot``); there is
-    no autotuning. Accumulates in float32; the per-assignment outputs land in a float32 ``(N K, D)``
-    buffer at their original slots and are summed over ``K``.
+    no autotuning. Float32 inputs use IEEE float32 dots (not TF32); accumulation is in float32. The
+    per-assignment outputs land in a float32 ``(N K, D)`` buffer at their original slots and are
+    summed over ``K``.
+
+    >>> x, W = torch.ones(3, 16, device="cuda"), torch.ones(2, 16, 16, device="cuda")  # doctest: +SKIP
+    >>> moe_dispatch_triton(x, W, torch.tensor([[0], [1], [1]], device="cuda"),  # doctest: +SKIP
+    ...                     torch.ones(3, 1, device="cuda"), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)[:, 0]
+    tensor([16., 16., 16.], device='cuda:0')
     """
     N, C, D, E, K = _check(x, expert_weights, topk_ids, topk_weights)
     if x.dtype == torch.float64:
         raise TypeError("the triton backend supports float32, float16 and bfloat16, not float64")
-    interpret = _interpreting()
-    if not (x.is_cuda or interpret):
-        raise RuntimeError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")
     for b, name in ((BLOCK_M, "BLOCK_M"), (BLOCK_N, "BLOCK_N"), (BLOCK_K, "BLOCK_K")):
         if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
     if not triton_available():
         raise RuntimeError("the triton backend needs the triton package (pip install triton)")
+    interpret = _interpreting()
+    if not (x.is_cuda or interpret):
+        raise RuntimeError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")
     kernel = _kernel(interpret)
     sorted_ids, block_expert = align_block_size(topk_ids, E, BLOCK_M)
     out = torch.zeros(N * K, D, dtype=torch.float32, device=x.device)
@@ -302,6 +335,7 @@ def moe_dispatch_triton(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "
             N * K, C, D, K,
             x.stride(0), x.stride(1), *expert_weights.stride(), out.stride(0), out.stride(1),
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # float32: exact IEEE dots, not TF32
         )
     return out.view(N, K, D).sum(1).to(x.dtype)
 

@@ -218,7 +218,7 @@ def scaled_dot_product_attention(
     weights = masked_softmax(scores, allowed)
     used = weights
     if dropout_p > 0:
-        keep = torch.rand(weights.shape, generator=generator, dtype=weights.dtype) >= dropout_p
+        keep = torch.rand(weights.shape, generator=generator, dtype=weights.dtype, device=weights.device) >= dropout_p
         used = weights * keep / (1.0 - dropout_p)
     out = (used.view(B, H_kv, G, T_q, T_k) @ v.unsqueeze(2)).view(B, H, T_q, v.shape[-1])
     if squeeze:

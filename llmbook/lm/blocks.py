@@ -54,7 +54,7 @@ class FeedForward(nn.Module):
     r"""Position-wise feed-forward network :math:`\mathrm{FFN}(x) = \phi(x W_1 + b_1) W_2 + b_2`.
 
     Applied to every position independently: ``w1`` (:math:`W_1`, ``d_model -> d_ff``) expands, the
-    non-linearity :math:`\phi` (``activation``: a name in :data:`llmbook.lm.activations.ACTIVATIONS`, e.g.
+    non-linearity :math:`\phi` (``activation``: a name in ``llmbook.lm.activations.ACTIVATIONS``, e.g.
     ``relu``, ``gelu``, ``gelu_tanh``, ``silu``, or a callable) acts
     element-wise, ``w2`` (:math:`W_2`, ``d_ff -> d_model``) projects back. ``d_ff`` is usually
     ``4 * d_model``. ``bias=False`` drops :math:`b_1, b_2`; ``dropout`` is applied to the hidden

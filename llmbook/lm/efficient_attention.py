@@ -74,7 +74,7 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 def _kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, causal: bool) -> Tensor:
     """Kernel attention from the features ``phi_q, phi_k``: the ratio of equation 03.09 over allowed keys."""
     if causal:  # parallel causal form: the masked T_q x T_k kernel matrix
-        A = (phi_q @ phi_k.transpose(-1, -2)) * causal_mask(phi_q.shape[-2], phi_k.shape[-2])
+        A = (phi_q @ phi_k.transpose(-1, -2)) * causal_mask(phi_q.shape[-2], phi_k.shape[-2], device=phi_q.device)
         return _safe_div(A @ v, A.sum(-1))
     S = phi_k.transpose(-1, -2) @ v  # (B, H, D_phi, D_v): the sum over keys, done once
     z = phi_k.sum(-2)  # (B, H, D_phi)
@@ -160,13 +160,12 @@ def random_features(m: int, D: int, orthogonal: bool = True, generator: torch.Ge
             raise ValueError(f"{name} must be a positive int, got {x!r}")
     if not orthogonal:
         return torch.randn(m, D, generator=generator, dtype=dtype)
-    blocks = []
-    for _ in range(math.ceil(m / D)):
-        Q, R = torch.linalg.qr(torch.randn(D, D, generator=generator, dtype=torch.float64))
-        Q = Q * torch.sign(torch.diagonal(R))  # a Haar-random orthogonal matrix
-        norms = torch.randn(D, D, generator=generator, dtype=torch.float64).norm(dim=1)
-        blocks.append(Q.T * norms.unsqueeze(-1))
-    return torch.cat(blocks)[:m].to(dtype)
+    n_blocks = math.ceil(m / D)
+    Q, R = torch.linalg.qr(torch.randn(n_blocks, D, D, generator=generator, dtype=torch.float64))
+    Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar-random orthogonal blocks
+    norms = torch.randn(n_blocks, D, D, generator=generator, dtype=torch.float64).norm(dim=-1)
+    rows = Q.transpose(-1, -2) * norms.unsqueeze(-1)  # block b, row r: orthonormal direction times a chi length
+    return rows.reshape(n_blocks * D, D)[:m].to(dtype)
 
 
 @implements("03.10")
@@ -212,6 +211,7 @@ def performer_attention(
     s = math.sqrt(attention_scale(scale, D))
     if omega is None:
         omega = random_features(n_features, D, orthogonal=orthogonal, generator=generator, dtype=q4.dtype)
+    omega = omega.to(q4.device)
     m = omega.shape[0]
     qs, ks = q4 * s, k4 * s
 
@@ -225,17 +225,35 @@ def performer_attention(
     return out.squeeze(1) if squeeze else out
 
 
-def linformer_projection(T: int, k_dim: int, generator: torch.Generator | None = None,
+def linformer_projection(T: int, k_dim: int, kind: str = "pool", generator: torch.Generator | None = None,
                          dtype: torch.dtype = torch.float32) -> Float[Tensor, "k_dim T"]:
-    r"""A random Linformer projection :math:`E \in \mathbb{R}^{k \times T}`, entries :math:`N(0, 1/k)`.
+    r"""A fixed Linformer projection :math:`E \in \mathbb{R}^{k \times T}` (a trained model learns it).
 
-    >>> linformer_projection(10, 3).shape
-    torch.Size([3, 10])
+    * ``"pool"``: row :math:`r` averages positions :math:`\lfloor rT/k \rfloor` to
+      :math:`\lceil (r+1)T/k \rceil - 1` (adaptive mean pooling, one of the paper's choices); ``k = T``
+      gives the identity, and a sequence that is constant on each pooled segment is attended exactly;
+    * ``"gaussian"``: i.i.d. :math:`N(0, 1/k)` entries, the Johnson-Lindenstrauss projection of the
+      paper's analysis (:math:`\mathbb{E}[E^\top E] = I`).
+
+    >>> linformer_projection(4, 2)
+    tensor([[0.5000, 0.5000, 0.0000, 0.0000],
+            [0.0000, 0.0000, 0.5000, 0.5000]])
     """
     for name, x in (("T", T), ("k_dim", k_dim)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:
             raise ValueError(f"{name} must be a positive int, got {x!r}")
-    return torch.randn(k_dim, T, generator=generator, dtype=dtype) / math.sqrt(k_dim)
+    if kind == "gaussian":
+        return torch.randn(k_dim, T, generator=generator, dtype=dtype) / math.sqrt(k_dim)
+    if kind != "pool":
+        raise ValueError(f"kind must be 'pool' or 'gaussian', got {kind!r}")
+    if k_dim > T:
+        raise ValueError(f"k_dim ({k_dim}) must not exceed T ({T}) for pooling")
+    r = torch.arange(k_dim)
+    start, end = (r * T) // k_dim, -((-(r + 1) * T) // k_dim)  # floor and ceil, as adaptive pooling
+    j = torch.arange(T)
+    inside = (j >= start.unsqueeze(-1)) & (j < end.unsqueeze(-1))
+    inside = inside.to(dtype)
+    return inside / inside.sum(-1, keepdim=True)
 
 
 @implements("03.11")
@@ -265,8 +283,8 @@ def linformer_attention(
                 or (P.ndim == 3 and P.shape[0] != q4.shape[1]):
             raise ValueError(f"{name} must have shape (k, T_k) or (H, k, T_k) with T_k = {T_k}, H = {q4.shape[1]}, "
                              f"got {tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__}")
-    K_proj = E.to(k4.dtype) @ k4  # (B, H, k, D)
-    V_proj = F_proj.to(v4.dtype) @ v4
+    K_proj = E.to(k4.device, k4.dtype) @ k4  # (B, H, k, D)
+    V_proj = F_proj.to(v4.device, v4.dtype) @ v4
     out = scaled_dot_product_attention(q4, K_proj, V_proj, scale=scale)
     return out.squeeze(1) if squeeze else out
 
@@ -297,7 +315,7 @@ def lsh_hash(x: Float[Tensor, "... D"], R: Float[Tensor, "D n_half"]) -> Int[Ten
     """
     if R.ndim != 2 or x.shape[-1] != R.shape[0]:
         raise ValueError(f"x (..., D) {tuple(x.shape)} and R (D, n_buckets/2) {tuple(R.shape)} must share D")
-    xR = x @ R.to(x.dtype)
+    xR = x @ R.to(x.device, x.dtype)
     return torch.cat([xR, -xR], dim=-1).argmax(-1)
 
 
@@ -322,7 +340,7 @@ def lsh_attention(
     B, H, T_q, D = q4.shape
     T_k = k4.shape[2]
     if R is None:
-        R = lsh_rotations(D, n_buckets, generator=generator, dtype=q4.dtype)
+        R = lsh_rotations(D, n_buckets, generator=generator, dtype=q4.dtype).to(q4.device)
     nb = 2 * R.shape[-1]
     h_q, h_k = lsh_hash(q4, R), lsh_hash(k4, R)  # (B, H, T)
     order = torch.argsort(h_k, dim=-1, stable=True)  # keys sorted by bucket
@@ -330,11 +348,11 @@ def lsh_attention(
     start = counts.cumsum(-1) - counts
     n_max = max(int(counts.max()), 1)
     first, size = start.gather(-1, h_q), counts.gather(-1, h_q)  # (B, H, T_q)
-    r = torch.arange(n_max)
+    r = torch.arange(n_max, device=q4.device)
     pos = (first.unsqueeze(-1) + r).clamp_max(T_k - 1)
     idx = order.gather(-1, pos.flatten(-2)).view(B, H, T_q, n_max)
     valid = r < size.unsqueeze(-1)
     if causal:
-        valid = valid & (idx <= torch.arange(T_q).view(T_q, 1) + (T_k - T_q))
+        valid = valid & (idx <= torch.arange(T_q, device=q4.device).view(T_q, 1) + (T_k - T_q))
     out = gathered_attention(q4, k4, v4, idx, valid, attention_scale(scale, D))
     return out.squeeze(1) if squeeze else out

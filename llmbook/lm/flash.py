@@ -23,7 +23,6 @@ from jaxtyping import Float
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from llmbook.lm.attention import attention_scale, causal_mask, check_attention_inputs
 from llmbook.registry import implements
@@ -67,7 +66,7 @@ def naive_attention(
     q4, k4, v4, squeeze, tau, acc = _prepare(q, k, v, scale)
     s = (q4.to(acc) @ k4.to(acc).transpose(-1, -2)) * tau
     if causal:
-        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1]), NEG_INF)
+        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), NEG_INF)
     lse = torch.logsumexp(s, dim=-1)
     lse_safe = torch.where(torch.isinf(lse), torch.full_like(lse, float("inf")), lse)  # rows with no key: p = 0
     o = ((s - lse_safe.unsqueeze(-1)).exp() @ v4.to(acc)).to(q4.dtype)
@@ -128,20 +127,21 @@ def tiled_attention_forward(
     T_k, D_v = k4.shape[2], v4.shape[-1]
     off = T_k - T_q  # query i sits at key position i + off
     o = q4.new_empty(B, H, T_q, D_v)
-    lse = torch.empty(B, H, T_q, dtype=acc)
+    dev = q4.device
+    lse = torch.empty(B, H, T_q, dtype=acc, device=dev)
     for qs in range(0, T_q, block_q):
         qe = min(qs + block_q, T_q)
         q_i = q4[:, :, qs:qe].to(acc) * tau
-        m_i = torch.full((B, H, qe - qs), NEG_INF, dtype=acc)
-        l_i = torch.zeros(B, H, qe - qs, dtype=acc)
-        o_i = torch.zeros(B, H, qe - qs, D_v, dtype=acc)
+        m_i = torch.full((B, H, qe - qs), NEG_INF, dtype=acc, device=dev)
+        l_i = torch.zeros(B, H, qe - qs, dtype=acc, device=dev)
+        o_i = torch.zeros(B, H, qe - qs, D_v, dtype=acc, device=dev)
         k_end = min(T_k, qe + off) if causal else T_k  # the tile's last query sees keys < qe + off
         for ks in range(0, max(k_end, 0), block_k):
             ke = min(ks + block_k, k_end)
             s = q_i @ k4[:, :, ks:ke].to(acc).transpose(-1, -2)
             if causal and ke - 1 > qs + off:  # the tile crosses the diagonal
-                rows = torch.arange(qs, qe).unsqueeze(-1) + off
-                s = s.masked_fill(torch.arange(ks, ke) > rows, NEG_INF)
+                rows = torch.arange(qs, qe, device=dev).unsqueeze(-1) + off
+                s = s.masked_fill(torch.arange(ks, ke, device=dev) > rows, NEG_INF)
             m_new = torch.maximum(m_i, s.amax(-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
             p = (s - m_safe.unsqueeze(-1)).exp()
@@ -179,8 +179,9 @@ def tiled_attention_backward(
     off = T_k - T_q
     delta = (do4.to(acc) * o4.to(acc)).sum(-1)  # (B, H, T_q)
     lse_safe = torch.where(torch.isinf(lse4), torch.full_like(lse4, float("inf")), lse4).to(acc)
-    dq = torch.zeros(B, H, T_q, q4.shape[-1], dtype=acc)
-    dk, dv = torch.zeros(k4.shape, dtype=acc), torch.zeros(v4.shape, dtype=acc)
+    dev = q4.device
+    dq = torch.zeros(B, H, T_q, q4.shape[-1], dtype=acc, device=dev)
+    dk, dv = torch.zeros(k4.shape, dtype=acc, device=dev), torch.zeros(v4.shape, dtype=acc, device=dev)
     for ks in range(0, T_k, block_k):
         ke = min(ks + block_k, T_k)
         k_j, v_j = k4[:, :, ks:ke].to(acc), v4[:, :, ks:ke].to(acc)
@@ -191,8 +192,8 @@ def tiled_attention_backward(
             q_i, do_i = q4[:, :, qs:qe].to(acc), do4[:, :, qs:qe].to(acc)
             s = (q_i * tau) @ k_j.transpose(-1, -2)
             if causal and ke - 1 > qs + off:
-                rows = torch.arange(qs, qe).unsqueeze(-1) + off
-                s = s.masked_fill(torch.arange(ks, ke) > rows, NEG_INF)
+                rows = torch.arange(qs, qe, device=dev).unsqueeze(-1) + off
+                s = s.masked_fill(torch.arange(ks, ke, device=dev) > rows, NEG_INF)
             p = (s - lse_safe[:, :, qs:qe].unsqueeze(-1)).exp()
             dv_j += p.transpose(-1, -2) @ do_i
             ds = p * (do_i @ v_j.transpose(-1, -2) - delta[:, :, qs:qe].unsqueeze(-1))
@@ -239,6 +240,18 @@ def tiled_attention(
     return TiledAttention.apply(q, k, v, causal, scale, block_q, block_k)
 
 
+def _tensors(x):
+    """The tensors in an operator's arguments or results (nested lists, tuples and dicts)."""
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)
+
+
 class _LiveTensorBytes(TorchDispatchMode):
     """Counts the bytes of every tensor storage an ATen op allocates, until it is freed."""
 
@@ -251,15 +264,14 @@ class _LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, Tensor):
-                st = t.untyped_storage()
-                if id(st) not in inputs and not getattr(st, "_llmbook_counted", False):
-                    st._llmbook_counted = True
-                    self.live += st.nbytes()
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(st, self._free, st.nbytes())
+        inputs = {id(t.untyped_storage()) for t in _tensors((args, kwargs))}
+        for t in _tensors(out):
+            st = t.untyped_storage()
+            if id(st) not in inputs and not getattr(st, "_llmbook_counted", False):
+                st._llmbook_counted = True
+                self.live += st.nbytes()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(st, self._free, st.nbytes())
         return out
 
 

@@ -100,8 +100,8 @@ def sliding_window_attention(
         if hi <= lo:  # no key in reach: zero output, as for a fully masked row
             outs.append(q4.new_zeros(*q4.shape[:2], b - a, v4.shape[-1]))
             continue
-        p = torch.arange(a, b).unsqueeze(-1) + off
-        j = torch.arange(lo, hi)
+        p = torch.arange(a, b, device=q4.device).unsqueeze(-1) + off
+        j = torch.arange(lo, hi, device=q4.device)
         allowed = ((j <= p) & (j > p - window)) if causal else (p - j).abs() < window
         outs.append(scaled_dot_product_attention(q4[:, :, a:b], k4[:, :, lo:hi], v4[:, :, lo:hi],
                                                  mask=allowed, scale=tau))
@@ -208,5 +208,5 @@ def sparse_attention(
     idx, valid = sparse_indices(T, pattern, stride, n_summary)
     G = q4.shape[1] // k4.shape[1]
     k4, v4 = repeat_kv(k4, G), repeat_kv(v4, G)
-    out = gathered_attention(q4, k4, v4, idx, valid, attention_scale(scale, q4.shape[-1]))
+    out = gathered_attention(q4, k4, v4, idx.to(q4.device), valid.to(q4.device), attention_scale(scale, q4.shape[-1]))
     return out.squeeze(1) if squeeze else out

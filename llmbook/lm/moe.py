@@ -45,6 +45,7 @@ __all__ = [
     "Routing",
     "RoutingSimulation",
     "simulate_routing",
+    "BALANCE",
 ]
 
 ACTIVATIONS = ("swiglu", "relu", "gelu")
@@ -399,6 +400,11 @@ class MoELayer(nn.Module):
     (zeros) is DeepSeek's selection bias; :meth:`update_bias` moves it.
 
     ``forward``: ``(B, T, C) -> ((B, T, C), Routing)``.
+
+    >>> layer = MoELayer(C=8, d_ff=16, E=4, K=2, generator=torch.Generator().manual_seed(0))
+    >>> y, r = layer(torch.randn(2, 3, 8))
+    >>> tuple(y.shape), tuple(r.topk_ids.shape), int(r.keep.sum())
+    ((2, 3, 8), (6, 2), 12)
     """
 
     def __init__(self, C: int, d_ff: int, E: int, K: int, *, activation: str = "swiglu", renormalize: bool = True,
@@ -502,6 +508,10 @@ def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps
     Everything is float64 and seeded by ``seed``: the history is reproducible bit for bit. The loop
     runs on one thread: its tensors are far too small to gain from intra-op parallelism, and on a
     busy machine the idle worker threads slow it down several times over.
+
+    >>> sim = simulate_routing(E=4, K=1, N=16, C=4, steps=3)
+    >>> tuple(sim.load.shape), sim.load.sum(-1).tolist()
+    ((3, 4), [16, 16, 16])
     """
     E, K, N, C, steps = (_positive_int(v, n) for v, n in ((E, "E"), (K, "K"), (N, "N"), (C, "C"), (steps, "steps")))
     if K > E:
@@ -545,7 +555,9 @@ def _simulate(E, K, N, C, steps, balance, alpha, u, skew, lr_router, lr_expert, 
         y = torch.einsum("nk,nc,nkcd->nd", w, x, W[ids])
         main = ((y - target) ** 2).mean()
         load = expert_load(ids, E)
-        loss = main + load_balancing_loss(probs, ids, alpha) if balance == "aux" else main  # (main + aux) or main
+        loss = main
+        if balance == "aux":
+            loss = main + load_balancing_loss(probs, ids, alpha)
         gW_g, gr, gW = torch.autograd.grad(loss, (W_g, r, W))
         with torch.no_grad():
             W_g -= lr_router * gW_g

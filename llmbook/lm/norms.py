@@ -314,7 +314,11 @@ def group_norm(x: Float[Tensor, "B C *S"], G: int, weight: Tensor | None = None,
 
 
 class GroupNorm(nn.Module):
-    """:func:`group_norm` with learned per-channel ``weight`` and ``bias`` (as ``nn.GroupNorm``)."""
+    """:func:`group_norm` with learned per-channel ``weight`` and ``bias`` (as ``nn.GroupNorm``).
+
+    >>> GroupNorm(2, 4)(torch.randn(3, 4, 5)).shape
+    torch.Size([3, 4, 5])
+    """
 
     def __init__(self, G: int, C: int, eps: float = 1e-5):
         super().__init__()

@@ -167,7 +167,8 @@ def rope_cos_sin(positions, D: int, base: float = 10000.0, inv_freq: Tensor | No
     ``positions`` is an int ``T`` (meaning ``arange(T)``) or a 1-D tensor of positions ``m`` (they may
     be fractional, as after position interpolation). ``inv_freq`` overrides :func:`rope_inv_freq`
     (scaled frequencies from :mod:`llmbook.lm.context_extension`). The angles are formed in float32
-    like Llama's ``LlamaRotaryEmbedding`` (``cat([freqs, freqs], -1)``), then cast to ``dtype``.
+    like Llama's ``LlamaRotaryEmbedding`` (``cat([freqs, freqs], -1)``), then cast to ``dtype``; only
+    ``dtype=torch.float64`` forms them in float64 (for checks at large positions).
     Each output has shape ``(T, D)``.
 
     >>> cos, sin = rope_cos_sin(3, 4)
@@ -182,7 +183,8 @@ def rope_cos_sin(positions, D: int, base: float = 10000.0, inv_freq: Tensor | No
         if inv_freq.shape != (D // 2,):
             raise ValueError(f"inv_freq must have shape (D/2,) = ({D // 2},), got {tuple(inv_freq.shape)}")
     m = _positions(positions)
-    freqs = m[:, None].float() * inv_freq[None, :].float()  # (T, D/2)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    freqs = m[:, None].to(work) * inv_freq[None, :].to(work)  # (T, D/2)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

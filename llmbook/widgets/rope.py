@@ -74,8 +74,8 @@ def _scores(q: torch.Tensor, k: torch.Tensor, offset: int, distances: torch.Tens
 
 
 def rope_view(offset: int = 0, pair: int = 6, method: str = "none", factor: float = 4.0, D: int = 64,
-              base: float = 10000.0, L_train: int = 2048, n_points: int = 400) -> RopeView:
-    """The widget's numbers for one slider setting.
+              base: float = 10000.0, L_train: int = 2048, n_points: int = 250) -> RopeView:
+    r"""The widget's numbers for one slider setting.
 
     The query and key are fixed at ``q = k = (1, ..., 1)``, so the score divided by ``D`` is the mean of
     :math:`\cos(\Delta\theta_j)` over the pairs: RoPE's long-term decay curve, 1 at distance 0 and
@@ -169,7 +169,7 @@ def rope_explorer(D: int = 64, L_train: int = 2048) -> Explorer:
          Param("pair", PAIRS, label="pair j"),
          Param("method", list(METHOD_LABELS), label="method", fmt=METHOD_LABELS.get),
          Param("factor", FACTORS, label="factor s", step=1.0)],
-        figsize=(9.0, 2.8),
+        figsize=(8.4, 2.5),
         dpi=64,
         title="RoPE explorer",
     )

@@ -1,11 +1,15 @@
 """MoE dispatch: the loop reference, the grouped PyTorch version and the Triton kernel agree.
 
 The oracle is an independent float64 computation, ``einsum("nk,nc,nkcd->nd", w, x, W[ids])``, that
-gathers every token's expert matrices directly (no sorting, no grouping). On the CPU the Triton
-kernel runs under the Triton interpreter (``TRITON_INTERPRET=1``, set per test by the
-``interpreter`` fixture and removed afterwards, so it cannot leak into other tests); the
-interpreter cannot autotune and mishandles bfloat16, so those tests use explicit block sizes, tiny
-shapes, float32 and float16. On a CUDA machine the bfloat16 tests at the bottom run the compiled kernel.
+gathers every token's expert matrices directly (no sorting, no grouping).
+
+Without a GPU the Triton kernel runs under the Triton interpreter. Its mode is fixed when ``triton``
+is first imported (``triton.jit`` decorates triton's own library then), so ``TRITON_INTERPRET=1`` is
+set below before anything imports triton, and only where there is no CUDA: without CUDA no compiled
+Triton kernel could run anyway, so nothing else in the session changes behaviour. The interpreter
+cannot autotune and mishandles bfloat16, so those tests use explicit block sizes, tiny shapes, float32
+and float16; on a CUDA machine the same tests run the compiled kernel on the GPU, and the bfloat16
+tests at the bottom run too. The CPU error paths run in a subprocess with a clean environment.
 
 Tolerances: float64 ``1e-12``; float32 ``rtol = atol = 1e-5``; float16 ``rtol = atol = 1e-2``;
 bfloat16 on the GPU ``rtol = atol = 3e-2`` (relative to outputs of size ~1).
@@ -17,10 +21,15 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from llmbook.kernels.moe import (
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton in this process
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from llmbook.kernels import moe as moe_kernels  # noqa: E402
+from llmbook.kernels.moe import (  # noqa: E402
     align_block_size,
     moe_dispatch,
     moe_dispatch_loop,
@@ -32,20 +41,16 @@ from llmbook.kernels.moe import (
 
 TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5),
        torch.float16: dict(rtol=1e-2, atol=1e-2), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
-needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+HAS_TRITON = triton_available()
+try:
+    INTERPRET, MODE = HAS_TRITON and moe_kernels._interpreting(), ""
+except RuntimeError:  # something (transformers does) imported triton before this module could set the mode
+    INTERPRET, MODE = False, ": triton was imported before TRITON_INTERPRET=1 was set; run tests/kernels first"
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+runs_kernel = pytest.mark.skipif(not (HAS_TRITON and (INTERPRET or DEVICE == "cuda")),
+                                 reason="needs triton, with CUDA or TRITON_INTERPRET=1" + MODE)
+needs_cuda = pytest.mark.skipif(not (HAS_TRITON and DEVICE == "cuda"), reason="needs CUDA and compiled Triton")
 BLOCKS = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
-
-
-@pytest.fixture
-def interpreter(monkeypatch):
-    """Run Triton kernels on the CPU interpreter for this test only."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-@pytest.fixture
-def compiled(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
 def routing(kind, N, E, K, g):
@@ -92,11 +97,11 @@ def test_loop_and_grouped_torch_match_the_oracle(kind, N, C, D, E, K, dtype):
     torch.testing.assert_close(moe_dispatch_loop(x, W, ids, w).double(), ref, **TOL[dtype])
 
 
-@needs_triton
+@runs_kernel
 @pytest.mark.parametrize("kind, N, C, D, E, K", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_triton_kernel_under_the_interpreter_matches_all(interpreter, kind, N, C, D, E, K, dtype):
-    x, W, ids, w = case(kind, N, C, D, E, K, dtype, seed=1)
+def test_triton_kernel_matches_the_oracle_and_the_other_backends(kind, N, C, D, E, K, dtype):
+    x, W, ids, w = case(kind, N, C, D, E, K, dtype, seed=1, device=DEVICE)
     y = moe_dispatch_triton(x, W, ids, w, **BLOCKS)
     assert y.dtype == dtype and y.shape == (N, D)
     torch.testing.assert_close(y.double(), oracle(x, W, ids, w), **TOL[dtype])
@@ -104,23 +109,21 @@ def test_triton_kernel_under_the_interpreter_matches_all(interpreter, kind, N, C
     torch.testing.assert_close(y, moe_dispatch_loop(x, W, ids, w), **TOL[dtype])
 
 
-@needs_triton
-def test_triton_kernel_with_several_k_blocks_and_non_contiguous_weights(interpreter):
+@runs_kernel
+def test_triton_kernel_with_several_k_blocks_and_non_contiguous_weights():
     # C = 40 spans three BLOCK_K = 16 steps (the last one masked); W is a transposed view
-    x, W, ids, w = case("skewed", 21, 40, 24, 3, 2, torch.float32, seed=2)
+    x, W, ids, w = case("skewed", 21, 40, 24, 3, 2, torch.float32, seed=2, device=DEVICE)
     W_t = W.transpose(1, 2).contiguous().transpose(1, 2)
     assert not W_t.is_contiguous()
     torch.testing.assert_close(moe_dispatch_triton(x, W_t, ids, w, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16).double(),
                                oracle(x, W, ids, w), **TOL[torch.float32])
 
 
-def test_auto_backend_is_torch_on_the_cpu_and_triton_needs_cuda(compiled):
+def test_auto_backend_is_torch_on_the_cpu():
     x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.float32)
     torch.testing.assert_close(moe_dispatch(x, W, ids, w), moe_dispatch_torch(x, W, ids, w), rtol=0, atol=0)
     torch.testing.assert_close(moe_dispatch(x, W, ids, w, backend="loop").double(), oracle(x, W, ids, w),
                                **TOL[torch.float32])
-    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
-        moe_dispatch(x, W, ids, w, backend="triton")
 
 
 def test_bad_input_is_rejected():
@@ -177,14 +180,35 @@ def test_grouped_torch_equals_the_oracle_for_any_routing(N, E, D, data):
     torch.testing.assert_close(moe_dispatch_torch(x, W, ids, w), oracle(x, W, ids, w), **TOL[torch.float64])
 
 
-def test_import_needs_neither_triton_nor_a_gpu():
-    code = ("import sys; sys.modules['triton'] = None\n"
-            "import llmbook, llmbook.kernels.moe as m\n"
-            "from llmbook.registry import load_all; load_all()\n"
-            "import torch; x = torch.ones(2, 4); W = torch.ones(1, 4, 4)\n"
-            "y = m.moe_dispatch(x, W, torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1))\n"
-            "assert not m.triton_available() and y.sum().item() == 32.0\n"
-            "assert 'triton.runtime.driver' not in sys.modules\n")
+CLEAN_PROCESS = """
+import sys
+sys.modules["triton"] = None  # as if triton were not installed
+import torch
+import llmbook
+import llmbook.kernels.moe as m
+from llmbook.registry import load_all
+load_all()  # imports every kernel module
+x, W, ids, w = torch.ones(2, 4), torch.ones(1, 4, 4), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1)
+assert not m.triton_available() and m.moe_dispatch(x, W, ids, w).sum().item() == 32.0
+assert not any(name.startswith("triton") for name in sys.modules if sys.modules[name] is not None)
+try:
+    m.moe_dispatch(x, W, ids, w, backend="triton")
+    raise AssertionError("no error without triton")
+except RuntimeError as err:
+    assert "needs the triton package" in str(err), err
+del sys.modules["triton"]  # now triton imports, compiled (no TRITON_INTERPRET), and CPU tensors are refused
+if m.triton_available() and not torch.cuda.is_available():
+    try:
+        m.moe_dispatch(x, W, ids, w, backend="triton")
+        raise AssertionError("no error for CPU tensors")
+    except RuntimeError as err:
+        assert "needs CUDA tensors" in str(err), err
+print("ok")
+"""
+
+
+def test_import_needs_neither_triton_nor_a_gpu_and_errors_are_clear():
+    code = CLEAN_PROCESS
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -194,10 +218,9 @@ def test_import_needs_neither_triton_nor_a_gpu():
 
 
 @needs_cuda
-@needs_triton
 @pytest.mark.parametrize("kind, N, C, D, E, K", [("balanced", 256, 128, 256, 8, 2), ("skewed", 1000, 256, 128, 16, 2),
                                                   ("empty", 333, 64, 64, 8, 4)])
-def test_gpu_bf16_triton_and_grouped_torch_match_the_loop(compiled, kind, N, C, D, E, K):
+def test_gpu_bf16_triton_and_grouped_torch_match_the_loop(kind, N, C, D, E, K):
     x, W, ids, w = case(kind, N, C, D, E, K, torch.bfloat16, device="cuda")
     ref = oracle(x, W, ids, w)
     y_loop = moe_dispatch_loop(x, W, ids, w)

@@ -75,6 +75,7 @@ def dense_reference(x, layer, ids, w, keep=None):
 def mixtral_block(layer):
     cfg = MixtralConfig(hidden_size=layer.C, intermediate_size=layer.d_ff, num_local_experts=layer.E,
                         num_experts_per_tok=layer.K, router_jitter_noise=0.0, hidden_act="silu")
+    cfg._experts_implementation = "eager"  # transformers' reference per-expert loop
     block = modeling_mixtral.MixtralSparseMoeBlock(cfg).eval()
     with torch.no_grad():
         block.gate.weight.copy_(layer.W_g)

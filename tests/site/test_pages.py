@@ -77,7 +77,8 @@ def test_every_widget_is_present_and_kernel_free_sliders_change_the_figure(brows
         for i in range(expected):
             root = roots.nth(i)
             root.scroll_into_view_if_needed()
-            visible_src = "(el) => Array.from(el.querySelectorAll('img')).filter(i => i.offsetParent !== null).map(i => i.src).join()"
+            visible_src = ("(el) => Array.from(el.querySelectorAll('img'))"
+                           ".filter(i => i.offsetParent !== null).map(i => i.src).join()")
             before = root.evaluate(visible_src)
             assert before, "no visible figure in the widget"
             handle = root.locator(".noUi-handle").first

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from llmbook.widgets import rope as rw
 
@@ -24,7 +25,9 @@ def test_pair_rotation_is_offset_times_theta():
 def test_scores_are_the_mean_cosine_and_do_not_depend_on_the_offset():
     v0 = rw.rope_view(offset=0, method="none", factor=4.0)
     v1 = rw.rope_view(offset=600, method="none", factor=4.0)
-    theta = 10000.0 ** (-np.arange(0, 64, 2) / 64)
+    # the model's frequencies are Llama's float32 ones; the angles and cosines are float64
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, rope_theta=10000.0)
+    theta = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)[0].double().numpy()
     ref = np.cos(v0.distances.numpy()[:, None] * theta[None, :]).mean(1)  # q = k = ones: mean of cos
     np.testing.assert_allclose(v0.scores_unscaled.numpy(), ref, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(v1.scores_unscaled.numpy(), ref, rtol=1e-9, atol=1e-9)
