@@ -456,7 +456,8 @@ def compile_report(arch: int = 90) -> int:
                     sig = {a: ("constexpr" if a in consts else types.get(a, f"*{tt}")) for a in jit.arg_names}
                     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(jit.arg_names)
                              if sig[a].startswith("*") or sig[a] == "i32"}
-                    label = f"{kind:5s} {dtype:8s} D={D:3d} {'causal' if causal else 'full  '} {(bm, bn, warps, stages)}"
+                    mask = "causal" if causal else "full  "
+                    label = f"{kind:5s} {dtype:8s} D={D:3d} {mask} {(bm, bn, warps, stages)}"
                     try:
                         kernel = triton.compile(ASTSource(jit, sig, constexprs=consts, attrs=attrs),
                                                 target=GPUTarget("cuda", arch, 32),

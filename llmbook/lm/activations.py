@@ -35,7 +35,6 @@ __all__ = [
     "geglu",
     "swiglu",
     "ACTIVATIONS",
-    "FFN",
     "GatedFFN",
     "GLUFFN",
     "ReGLU",
@@ -217,25 +216,6 @@ def swiglu(x: Float[Tensor, "... d_model"], W_gate: Float[Tensor, "d_model d_ff"
 
 
 # --------------------------------------------------------------------------- modules
-
-
-class FFN(nn.Module):
-    r"""The classic two-matrix feed-forward block :math:`\phi(xW_1+b_1)W_2+b_2` (``w_in``, ``w_out``).
-
-    >>> sum(p.numel() for p in FFN(4, 16, bias=False).parameters())  # 2 * d * d_ff
-    128
-    """
-
-    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True):
-        super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-        self.activation = activation
-        self.w_in = nn.Linear(d_model, d_ff, bias=bias)
-        self.w_out = nn.Linear(d_ff, d_model, bias=bias)
-
-    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        return self.w_out(ACTIVATIONS[self.activation](self.w_in(x)))
 
 
 class GatedFFN(nn.Module):

@@ -1,7 +1,7 @@
 """The routing widget: where a mixture of experts sends its tokens, and what capacity and balancing do.
 
 :func:`routing_view` is the pure computation (tested in ``tests/widgets/test_routing.py``): it
-trains the toy router of :func:`llmbook.lm.moe.simulate_routing` with the chosen balancing method,
+trains the toy router of :func:`llmbook.lm.moe_layer.simulate_routing` with the chosen balancing method,
 then applies the expert capacity to its final routing. :func:`draw_routing` paints the load per
 expert against capacity, the combine weights of a few tokens and the load imbalance over the
 training steps. :func:`routing_explorer` wraps both in an :class:`~llmbook.widgets.explorer.Explorer`;
@@ -17,7 +17,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from llmbook.lm.moe import BALANCE, capacity_mask, expert_capacity, expert_load, simulate_routing
+from llmbook.lm.moe import capacity_mask, expert_capacity, expert_load
+from llmbook.lm.moe_layer import BALANCE, simulate_routing
 from llmbook.widgets.explorer import Explorer, Param, has_stack, on_colab
 
 __all__ = ["RoutingView", "routing_view", "draw_routing", "routing_explorer", "show_routing",

@@ -19,7 +19,6 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP
 
 from llmbook.lm.activations import (
-    FFN,
     GLUFFN,
     GeGLU,
     ReGLU,
@@ -36,6 +35,7 @@ from llmbook.lm.activations import (
     swiglu,
     swiglu_hidden_size,
 )
+from llmbook.lm.blocks import FeedForward
 
 F32 = dict(rtol=1e-6, atol=1e-6)
 MM32 = dict(rtol=1e-5, atol=1e-5)
@@ -161,7 +161,7 @@ def test_gated_bad_input():
     with pytest.raises(ValueError, match="must end in d_model"):
         SwiGLU(8, 12)(torch.randn(3, 9))
     with pytest.raises(ValueError, match="activation must be one of"):
-        FFN(8, 32, activation="swish2")
+        FeedForward(8, 32, activation="swish2")
 
 
 @given(seed=st.integers(0, 10_000), c=st.floats(0.01, 100.0))
@@ -183,7 +183,7 @@ def test_claim_C06_swiglu_8d_over_3_has_the_parameters_of_a_4d_ffn(d):
     d_ff = swiglu_hidden_size(d)
     assert d_ff == 8 * d // 3
     n_swiglu = sum(p.numel() for p in SwiGLU(d, d_ff).parameters())
-    n_ffn = sum(p.numel() for p in FFN(d, 4 * d, bias=False).parameters())
+    n_ffn = sum(p.numel() for p in FeedForward(d, 4 * d, bias=False).parameters())
     assert n_swiglu == n_ffn == 8 * d * d
     assert swiglu_hidden_size(4096, multiple_of=256) == 11008  # Llama-7B's intermediate_size
     assert sum(p.numel() for p in nn.Linear(d, 4 * d, bias=False).parameters()) * 2 == n_ffn

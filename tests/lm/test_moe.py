@@ -24,7 +24,6 @@ from transformers.models.mixtral import modeling_mixtral
 from transformers.models.switch_transformers import modeling_switch_transformers as switch
 
 from llmbook.lm.moe import (
-    MoELayer,
     capacity_mask,
     expert_capacity,
     expert_load,
@@ -35,11 +34,11 @@ from llmbook.lm.moe import (
     moe_param_count,
     router_probs,
     router_z_loss,
-    simulate_routing,
     switch_routing,
     top_k_routing,
     update_routing_bias,
 )
+from llmbook.lm.moe_layer import MoELayer, simulate_routing
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from llmbook.lm.moe import simulate_routing
+from llmbook.lm.moe_layer import simulate_routing
 from llmbook.widgets import routing as rw
 
 
