@@ -36,6 +36,7 @@ from functools import cache, partial
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from llmbook.lm.attention import attention_scale
 from llmbook.registry import implements
@@ -554,6 +555,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, ctx.causal, ctx.scale,

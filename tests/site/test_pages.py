@@ -125,3 +125,26 @@ def test_launch_buttons_point_at_the_notebooks_in_the_configured_repository():
         html = (SITE / "book" / f"{nb.stem}.html").read_text(encoding="utf-8")
         assert f"https://colab.research.google.com/github/{repo}/blob/main/book/{nb.name}" in html
         assert f"../_sources/book/{nb.name}" in html  # download button
+
+
+def test_full_text_search_finds_a_chapter(browser, site_url):
+    page, errors = open_page(browser, f"{site_url}/search.html?q=perplexity")
+    try:
+        page.wait_for_selector("ul.search li", timeout=15000)
+        hits = page.locator("ul.search li a").all_inner_texts()
+        assert any("Probabilistic foundations" in h for h in hits), hits
+    finally:
+        page.close()
+
+
+def test_dark_mode_toggle_switches_the_theme(browser, site_url):
+    page, _ = open_page(browser, f"{site_url}/book/01-probability.html")
+    try:
+        themes = []
+        for _ in range(3):  # the button cycles light -> dark -> auto (or from wherever it starts)
+            page.locator(".theme-switch-button").first.click()
+            page.wait_for_timeout(100)
+            themes.append(page.evaluate("() => document.documentElement.dataset.theme"))
+        assert "dark" in themes and "light" in themes, themes
+    finally:
+        page.close()
