@@ -437,10 +437,11 @@ def compile_report(arch: int = 90) -> int:
     from triton.compiler import ASTSource
 
     from llmbook.kernels import flash_attention as fa
+    from llmbook.kernels import flash_attention_kernels as fak
 
-    fa._triton()
+    fak._triton()
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    bodies = {"fwd": fa._attn_fwd, "dkdv": fa._attn_bwd_dkdv, "dq": fa._attn_bwd_dq}
+    bodies = {"fwd": fak._attn_fwd, "dkdv": fak._attn_bwd_dkdv, "dq": fak._attn_bwd_dq}
     types = {"LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32", "H": "i32", "Tq": "i32",
              "Tk": "i32"}
     print(f"sm_{arch}: kernel dtype D causal (BLOCK_M, BLOCK_N, warps, stages): shared bytes, registers, stack")

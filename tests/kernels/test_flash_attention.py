@@ -33,6 +33,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import llmbook.kernels.flash_attention as fa  # noqa: E402
+import llmbook.kernels.flash_attention_kernels as fak  # noqa: E402
 from llmbook.kernels.flash_attention import (  # noqa: E402
     flash_attention,
     flash_attention_forward,
@@ -328,7 +329,7 @@ def test_autotuner_plumbing_in_the_interpreter(monkeypatch, seed):
         ran.append(1)
         return [1.0 / len(ran)] * 3
 
-    monkeypatch.setattr(fa, "_tuning_bench", fake_bench)
+    monkeypatch.setattr(fak, "_tuning_bench", fake_bench)
     case = Case(1, 2, 2, 29 + seed % 7, 33, 32, bool(seed % 2), torch.float16, (0, 0))  # a fresh tuning key
     q, k, v, do = make_inputs(case, seed)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
