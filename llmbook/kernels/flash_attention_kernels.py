@@ -1,8 +1,8 @@
 r"""The Triton kernel bodies of :mod:`llmbook.kernels.flash_attention`, and their autotuning table.
 
-The bodies are plain Python functions written in Triton's language; :func:`_kernels` wraps them with
+The bodies are plain Python functions written in Triton's language; ``_kernels()`` wraps them with
 ``triton.jit`` (and ``triton.autotune``) on first use. Triton itself is imported lazily by
-:func:`_triton`, which also binds the module globals ``triton`` and ``tl`` that the bodies read when
+``_triton()``, which also binds the module globals ``triton`` and ``tl`` that the bodies read when
 they are compiled, so importing this module never imports Triton.
 """
 

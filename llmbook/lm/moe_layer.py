@@ -57,7 +57,7 @@ class MoELayer(nn.Module):
     ``W_in`` of shape ``(E, d_ff, C)`` (Switch). ``W_out`` is ``(E, C, d_ff)`` and the router ``W_g`` is ``(E, C)``.
 
     ``capacity_factor=None`` keeps every assignment; otherwise each expert takes at most
-    :func:`expert_capacity` of the ``N = B*T`` tokens' assignments and dropped ones output zero (the
+    :func:`~llmbook.lm.moe.expert_capacity` of the ``N = B*T`` tokens' assignments and dropped ones output zero (the
     residual connection around the layer carries those tokens through). The buffer ``routing_bias``
     (zeros) is DeepSeek's selection bias; :meth:`update_bias` moves it.
 
@@ -165,8 +165,8 @@ def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps
     added to its logits. An expert that gets more tokens learns faster, looks better to the
     router and gets still more tokens: without balancing, the routing collapses.
 
-    ``balance``: ``"none"``; ``"aux"`` adds :func:`load_balancing_loss` with strength ``alpha``;
-    ``"bias"`` selects with a routing bias moved by :func:`update_routing_bias` with step ``u``.
+    ``balance``: ``"none"``; ``"aux"`` adds :func:`~llmbook.lm.moe.load_balancing_loss` with strength ``alpha``;
+    ``"bias"`` selects with a routing bias moved by :func:`~llmbook.lm.moe.update_routing_bias` with step ``u``.
     Everything is float64 and seeded by ``seed``: the history is reproducible bit for bit. The loop
     runs on one thread: its tensors are far too small to gain from intra-op parallelism, and on a
     busy machine the idle worker threads slow it down several times over.
