@@ -28,7 +28,6 @@ from llmbook.lm.moe import (
     expert_capacity,
     expert_load,
     load_balancing_loss,
-    load_imbalance,
     moe_flops,
     moe_output,
     moe_param_count,
@@ -38,7 +37,7 @@ from llmbook.lm.moe import (
     top_k_routing,
     update_routing_bias,
 )
-from llmbook.lm.moe_layer import MoELayer, simulate_routing
+from llmbook.lm.moe_layer import MoELayer
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -449,12 +448,6 @@ def test_claim_C13_bias_leaves_the_main_gradient_unchanged_the_aux_loss_does_not
     assert (g_total - g_main).abs().max() > 1e-6
 
 
-def test_moe_layer_update_bias_moves_against_the_load():
-    layer = MoELayer(4, 4, 4, 1, generator=gen(0))
-    _, r = layer(torch.randn(1, 16, 4, generator=gen(1)))
-    load = expert_load(r.topk_ids, 4)
-    layer.update_bias(r, 0.05)
-    np.testing.assert_allclose(layer.routing_bias.numpy(), 0.05 * np.sign(load.float().mean().item() - load.numpy()))
 
 
 # ================================================================= claim C13: counts and the simulation
@@ -489,24 +482,5 @@ def test_claim_C13_mixtral_layer_parameter_count():
     assert n == moe_param_count(cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts) == 1_409_318_912
 
 
-def test_claim_C13_routing_collapses_without_balancing_and_not_with_it():
-    final = {}
-    for balance in ["none", "aux", "bias"]:
-        sim = simulate_routing(balance=balance, skew=1.0, seed=0)
-        final[balance] = float(sim.imbalance[-20:].mean())
-        assert sim.load.shape == (200, 8) and bool((sim.load.sum(-1) == 256 * 2).all())
-        assert math.isclose(float(sim.imbalance[-1]), load_imbalance(sim.load[-1]), rel_tol=1e-12)
-    assert final["none"] > 3.0, final  # most tokens on two or three of eight experts (4.0 = two experts)
-    assert final["aux"] < 1.5 and final["bias"] < 1.5, final
 
 
-def test_simulation_is_deterministic_and_validates():
-    a = simulate_routing(E=4, K=1, N=32, C=4, steps=5, balance="bias", seed=3)
-    b = simulate_routing(E=4, K=1, N=32, C=4, steps=5, balance="bias", seed=3)
-    assert torch.equal(a.load, b.load) and torch.equal(a.main_loss, b.main_loss) and torch.equal(a.bias, b.bias)
-    with pytest.raises(ValueError, match="balance must be one of"):
-        simulate_routing(balance="dropout")
-    with pytest.raises(ValueError, match=r"K \(5\) cannot exceed"):
-        simulate_routing(E=4, K=5)
-    with pytest.raises(ValueError, match="load must be a non-empty"):
-        load_imbalance(torch.zeros(3))
