@@ -202,6 +202,15 @@ class RMSNorm(nn.Module):
 # --------------------------------------------------------------------------- 05.03 BatchNorm
 
 
+def _channel_affine(y: Tensor, weight: Tensor | None, bias: Tensor | None, shape: list[int]) -> Tensor:
+    """The per-channel scale and shift shared by BatchNorm and GroupNorm (``weight``/``bias`` viewed as ``shape``)."""
+    if weight is not None:
+        y = y * weight.view(shape)
+    if bias is not None:
+        y = y + bias.view(shape)
+    return y
+
+
 @implements("05.03")
 def batch_norm(x: Float[Tensor, "B C *S"], running_mean: Tensor | None = None, running_var: Tensor | None = None,
                weight: Tensor | None = None, bias: Tensor | None = None, training: bool = True,
@@ -249,11 +258,7 @@ def batch_norm(x: Float[Tensor, "B C *S"], running_mean: Tensor | None = None, r
             raise ValueError("evaluation mode (training=False) needs running_mean and running_var")
         mu, var = running_mean, running_var
     y = (x - mu.view(shape)) * torch.rsqrt(var.view(shape) + eps)
-    if weight is not None:
-        y = y * weight.view(shape)
-    if bias is not None:
-        y = y + bias.view(shape)
-    return y
+    return _channel_affine(y, weight, bias, shape)
 
 
 class BatchNorm(nn.Module):
@@ -306,11 +311,7 @@ def group_norm(x: Float[Tensor, "B C *S"], G: int, weight: Tensor | None = None,
     var = ((g - mu) ** 2).mean(-1, keepdim=True)
     y = ((g - mu) * torch.rsqrt(var + eps)).reshape(x.shape)
     shape = [1, C] + [1] * (x.ndim - 2)
-    if weight is not None:
-        y = y * weight.view(shape)
-    if bias is not None:
-        y = y + bias.view(shape)
-    return y
+    return _channel_affine(y, weight, bias, shape)
 
 
 class GroupNorm(nn.Module):

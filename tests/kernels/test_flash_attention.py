@@ -162,9 +162,8 @@ def test_forward_output_and_lse_match_float64(case, seed):
 
 
 @needs_kernel
-@pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V, torch.logsumexp, torch.autograd")
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_backward_gradients_match_float64_autograd(case, seed):
+def run_backward(case, seed):
+    """Forward + backward through the kernel and through the float64 oracle: (o, leaves, o_ref, ref_leaves)."""
     q, k, v, do = make_inputs(case, seed)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     o = flash_attention_triton(*leaves, causal=case.causal, block_m=case.blocks[0], block_n=case.blocks[1])
@@ -172,6 +171,13 @@ def test_backward_gradients_match_float64_autograd(case, seed):
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     o_ref, _ = oracle(*ref_leaves, causal=case.causal)
     o_ref.backward(do.double())
+    return o, leaves, o_ref, ref_leaves
+
+
+@pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V, torch.logsumexp, torch.autograd")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_backward_gradients_match_float64_autograd(case, seed):
+    o, leaves, o_ref, ref_leaves = run_backward(case, seed)
     close(o, o_ref, TOL[case.dtype][0], "output", seed, case)
     for name, ours, ref in zip(("dq", "dk", "dv"), leaves, ref_leaves, strict=True):
         assert ours.grad.dtype == case.dtype and ours.grad.shape == ours.shape
@@ -394,13 +400,7 @@ def test_cuda_autotuned_forward_and_backward_match_float64(case, seed):
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_cuda_small_cases_in_bfloat16(case, seed):
     case = Case(case.B, case.H, case.H_kv, case.T_q, case.T_k, case.D, case.causal, torch.bfloat16, case.blocks)
-    q, k, v, do = make_inputs(case, seed)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o = flash_attention_triton(*leaves, causal=case.causal, block_m=case.blocks[0], block_n=case.blocks[1])
-    o.backward(do)
-    ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    o_ref, _ = oracle(*ref_leaves, causal=case.causal)
-    o_ref.backward(do.double())
+    o, leaves, o_ref, ref_leaves = run_backward(case, seed)
     close(o, o_ref, TOL[case.dtype][0], "output", seed, case)
     for name, ours, ref in zip(("dq", "dk", "dv"), leaves, ref_leaves, strict=True):
         close(ours.grad, ref.grad, TOL[case.dtype][1], name, seed, case)

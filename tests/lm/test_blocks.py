@@ -85,26 +85,26 @@ def copy_block(layer: nn.TransformerEncoderLayer, cls, attn: str = "adapter", ac
 # ================================================================= 02.05 / 02.06 pre- and post-norm blocks
 
 
-@pytest.mark.equation("02.05", oracle="torch.nn.TransformerEncoderLayer(norm_first=True) with copied weights")
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_pre_norm_block_matches_torch_encoder_layer(activation):
-    layer = encoder_layer(norm_first=True, activation=activation)
-    block = copy_block(layer, PreNormBlock, activation=activation)
+def assert_block_matches_encoder_layer(norm_first, block_cls, activation):
+    """Our block with the weights of nn.TransformerEncoderLayer(norm_first) copied in, unmasked and causal."""
+    layer = encoder_layer(norm_first=norm_first, activation=activation)
+    block = copy_block(layer, block_cls, activation=activation)
     x = torch.randn(3, 7, d_model)
     torch.testing.assert_close(block(x), layer(x), **F32)
     causal = nn.Transformer.generate_square_subsequent_mask(7)
     torch.testing.assert_close(block(x, attn_mask=causal), layer(x, src_mask=causal, is_causal=True), **F32)
+
+
+@pytest.mark.equation("02.05", oracle="torch.nn.TransformerEncoderLayer(norm_first=True) with copied weights")
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_pre_norm_block_matches_torch_encoder_layer(activation):
+    assert_block_matches_encoder_layer(True, PreNormBlock, activation)
 
 
 @pytest.mark.equation("02.06", oracle="torch.nn.TransformerEncoderLayer(norm_first=False) with copied weights")
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_post_norm_block_matches_torch_encoder_layer(activation):
-    layer = encoder_layer(norm_first=False, activation=activation)
-    block = copy_block(layer, PostNormBlock, activation=activation)
-    x = torch.randn(3, 7, d_model)
-    torch.testing.assert_close(block(x), layer(x), **F32)
-    causal = nn.Transformer.generate_square_subsequent_mask(7)
-    torch.testing.assert_close(block(x, attn_mask=causal), layer(x, src_mask=causal, is_causal=True), **F32)
+    assert_block_matches_encoder_layer(False, PostNormBlock, activation)
 
 
 @pytest.mark.equation("02.05", "02.06", oracle="torch.nn.TransformerEncoderLayer in float64, outputs and autograd")
