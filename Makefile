@@ -6,36 +6,50 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The CPU build of torch that lies on these machines' disk; a GPU or Colab user keeps their own.
 TORCH_SPEC ?= torch==2.13.0
+# Exact versions the stored notebook outputs were recorded with (requirements*.txt keep ranges).
+PIN := -c constraints.txt
 
-# The site's JavaScript (MathJax 3, require.js, the ipywidgets embed manager) is installed from the npm
-# registry into _static/vendor, so the built site works offline and widgets need no CDN.
+# The site's JavaScript (MathJax 3, require.js, the ipywidgets embed manager) comes from the npm
+# registry, pinned by the committed lockfile in book/_ext/npm, so the built site needs no CDN.
 VENDOR := _build/vendor-static/vendor
-NPM_PACKAGES := mathjax@3.2.2 requirejs@2.3.7 @jupyter-widgets/html-manager@1.0.15
+NPM_LOCK := book/_ext/npm
+# Notebooks record no progress bars (tqdm writes to stderr, which Colab and GitHub show).
+NB_ENV := TQDM_DISABLE=1 PYTHONHASHSEED=0
+# Every stage appends "stage<TAB>seconds" here; .ci/run prints the table.
+TIMINGS := _build/timings.tsv
+timed = @mkdir -p _build; s=$$(date +%s%N); $(2); rc=$$?; \
+	printf '%s\t%s\n' "$(1)" "$$(( ($$(date +%s%N) - s) / 1000000 ))" >> $(TIMINGS); exit $$rc
 
-.PHONY: help env vendor browser book notebooks pages test lint unit nbval site-test serve clean
+.PHONY: help env vendor browser book notebooks pages test lint unit nbval site-test serve clean constraints
 
 help:
-	@echo "make book       build the website into _build/html (executes every notebook, warnings are errors)"
-	@echo "make test       ruff + unit tests + doctests + nbval over book/"
+	@echo "make book       build the website into _build/html (renders outputs nbval proved current, executes the rest)"
+	@echo "make test       ruff + unit tests + doctests + fuzz + nbval over book/ (both cores)"
 	@echo "make notebooks  re-execute the notebooks in place (refreshes the outputs nbval compares)"
 	@echo "make serve      serve _build/html on http://127.0.0.1:8000"
+	@echo "make constraints  re-pin constraints.txt from .venv (then make notebooks)"
 
 env: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q $(PIN) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q $(PIN) -r requirements-dev.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 > /dev/null
 	touch $(STAMP)
 
+constraints: env
+	{ sed -n '1,/^# Refresh/p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^llmbook' \
+	  | sed 's/+cpu$$//'; } > constraints.tmp && mv constraints.tmp constraints.txt
+
 vendor: $(VENDOR)/.stamp
 
-$(VENDOR)/.stamp: Makefile
-	mkdir -p _build/npm $(VENDOR)
-	cd _build/npm && npm install --no-audit --no-fund --no-save --silent $(NPM_PACKAGES)
+$(VENDOR)/.stamp: $(NPM_LOCK)/package.json $(NPM_LOCK)/package-lock.json
+	rm -rf _build/npm && mkdir -p _build/npm $(VENDOR)
+	cp $(NPM_LOCK)/package.json $(NPM_LOCK)/package-lock.json _build/npm/
+	cd _build/npm && npm ci --no-audit --no-fund --silent
 	rm -rf $(VENDOR)/mathjax && cp -r _build/npm/node_modules/mathjax/es5 $(VENDOR)/mathjax
 	cp _build/npm/node_modules/requirejs/require.js $(VENDOR)/require.js
 	cp _build/npm/node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js $(VENDOR)/embed-amd.js
@@ -49,20 +63,23 @@ pages: env
 
 book: env vendor pages
 	rm -rf _build/html
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(call timed,book,$(NB_ENV) $(BIN)/jupyter-book build . -W -n --keep-going)
 	@echo "The site is in _build/html (open _build/html/index.html, or run 'make serve')."
 
 notebooks: env
-	$(BIN)/python -m llmbook notebooks
+	$(NB_ENV) $(BIN)/python -m llmbook notebooks
 
 lint: env
-	$(BIN)/ruff check llmbook tests benchmarks
+	$(call timed,lint,$(BIN)/ruff check llmbook tests benchmarks book/_ext)
 
 unit: env
-	$(BIN)/pytest -q -n 2 --ignore=tests/site llmbook tests
+	$(call timed,unit,$(BIN)/pytest -q -n 2 --ignore=tests/site llmbook tests)
 
+# Both cores; --dist loadscope keeps each notebook's cells on one worker (one kernel per notebook).
+# llmbook.freshness writes a proof for each notebook that passes, so `make book` renders it as stored.
 nbval: env
-	$(BIN)/pytest -q -o addopts="-p no:cacheprovider" --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book
+	$(call timed,nbval,$(NB_ENV) $(BIN)/pytest -q -n 2 --dist loadscope -o addopts="-p no:cacheprovider" \
+	  -p llmbook.freshness --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book)
 
 test: lint unit nbval
 
@@ -71,7 +88,7 @@ browser:
 	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium > /dev/null)
 
 site-test: env browser
-	LLMBOOK_SITE_TESTS=1 $(BIN)/pytest -q -o addopts="-p no:cacheprovider" tests/site
+	$(call timed,site-test,LLMBOOK_SITE_TESTS=1 $(BIN)/pytest -q -n 2 -o addopts="-p no:cacheprovider" tests/site)
 
 serve:
 	$(BIN)/python -m http.server 8000 --bind 127.0.0.1 --directory _build/html

@@ -332,7 +332,7 @@ def measure(args):
                 ms = runner.time_ms(fn, [q, k, v] if train else None)
                 row.update(status="ok", ms=ms, tflops=flops(B, H, T, D, causal, mode) / (ms * 1e-3) / 1e12)
                 if name == "ours" and not smoke:
-                    tuned = fa._kernels(False)[1]
+                    tuned = fa._kernels().TUNED
                     kinds = ("fwd", "dkdv", "dq") if train else ("fwd",)
                     row["ours_config"] = {kind: str(tuned[kind].best_config) for kind in kinds}
                     ours_cfg[(dtype_name, D, causal, T)] = row["ours_config"]
@@ -437,22 +437,20 @@ def compile_report(arch: int = 90) -> int:
     from triton.compiler import ASTSource
 
     from llmbook.kernels import flash_attention as fa
-    from llmbook.kernels import flash_attention_kernels as fak
 
-    fak._triton()
+    fak = fa._kernels()  # the @triton.jit kernels (this needs TRITON_INTERPRET unset)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    bodies = {"fwd": fak._attn_fwd, "dkdv": fak._attn_bwd_dkdv, "dq": fak._attn_bwd_dq}
+    bodies = {kind: fak.KERNELS[kind] for kind in ("fwd", "dkdv", "dq")}
     types = {"LSE": "*fp32", "DELTA": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32", "H": "i32", "Tq": "i32",
-             "Tk": "i32"}
+             "Tk": "i32", "TQ_BUCKET": "i32", "TK_BUCKET": "i32"}
     print(f"sm_{arch}: kernel dtype D causal (BLOCK_M, BLOCK_N, warps, stages): shared bytes, registers, stack")
     failures = 0
-    for kind, body in bodies.items():
-        jit = triton.jit(body)
+    for kind, jit in bodies.items():
         for dtype, tt, D, cls in (("bfloat16", "bf16", 64, 64), ("bfloat16", "bf16", 128, 128),
                                   ("float32", "fp32", 64, "fp32")):
             for causal in (False, True):
                 meta = fa._meta(torch.empty(0, D, dtype=getattr(torch, dtype)), causal)
-                for bm, bn, warps, stages in fa.TUNING[kind][cls]:
+                for bm, bn, warps, stages in fak.TUNING[kind][cls]:
                     consts = {**meta, "GROUP": 1, "BLOCK_M": bm, "BLOCK_N": bn}
                     sig = {a: ("constexpr" if a in consts else types.get(a, f"*{tt}")) for a in jit.arg_names}
                     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(jit.arg_names)

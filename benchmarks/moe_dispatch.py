@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
 import sys
@@ -37,6 +36,7 @@ from llmbook.kernels.moe import (
     moe_dispatch_triton,
     triton_available,
 )
+from llmbook.kernels.runtime import interpret_requested
 
 ROOT = Path(__file__).resolve().parent
 DTYPE = torch.bfloat16
@@ -145,7 +145,7 @@ def main(argv=None):
     if args.dry_run:
         device, dtype, c, d, bench = "cpu", torch.float32, 64, 64, wall_timer
         configs = [(4, 1, 64), (8, 2, 100)]
-        interpret = os.environ.get("TRITON_INTERPRET") == "1" and triton_available()
+        interpret = interpret_requested() and triton_available()
         blocks = [(16, 16, 16)] if interpret else []  # TRITON_INTERPRET=1 adds the kernel, interpreted
         out = Path(tempfile.mkdtemp(prefix="moe_dispatch_dry_"))
         name = "CPU dry run (not a measurement)"

@@ -9,6 +9,7 @@ Colab install cell from the repository URL in ``_config.yml`` and re-executes th
 from __future__ import annotations
 
 import html
+import os
 import re
 import time
 from pathlib import Path
@@ -91,7 +92,7 @@ def _api_anchor(where: str) -> tuple[str, str]:
     return f"{module}.{qualname}", f"api.html#{module}.{qualname}"
 
 
-def equation_index(cov: registry.Coverage) -> str:
+def equation_index(cov) -> str:
     rows = []
     cat = registry.catalogue()
     for eq_id, funcs in cov.implemented.items():
@@ -113,35 +114,50 @@ def equation_index(cov: registry.Coverage) -> str:
     return _INDEX_HEAD.format(n=len(rows)) + "\n".join(rows) + "\n" + _INDEX_TAIL
 
 
-def status_page(cov: registry.Coverage) -> str:
-    from llmbook.cli import summary_rows
+def status_page(cov) -> str:
+    """Coverage per chapter (:meth:`llmbook.coverage.Coverage.by_chapter`) and how each notebook was built."""
+    from llmbook.coverage import book_notebooks
+    from llmbook.freshness import BUDGET_S, read_proof
 
     lines = [
         "# Status",
         "",
         "Coverage of the catalogue, generated from the registry when the book is built: an equation",
-        "is *implemented* when a function registers it, *tested* when a test compares that function",
-        "with an independent oracle, and *shown* when a chapter section labelled with its id calls it.",
+        "is *implemented* when a function registers it, *tested* when a test in its module's mirrored",
+        "test file compares that function with an independent oracle, and *shown* when the section",
+        "labelled with its id in its chapter's notebook calls that function.",
         "",
         "| chapter | family | equations | implemented | tested | shown |",
         "|---:|---|---:|---:|---:|---:|",
     ]
     tot = [0, 0, 0, 0]
-    for ch, fam, n, impl, tested, shown in summary_rows(cov):
-        tested, shown = tested or 0, shown or 0
-        tot = [tot[0] + n, tot[1] + impl, tot[2] + tested, tot[3] + shown]
-        lines.append(f"| {ch} | {fam} | {n} | {impl} | {tested} | {shown} |")
+    for r in cov.by_chapter():
+        tested, shown = r.tested or 0, r.shown or 0
+        tot = [tot[0] + r.total, tot[1] + r.implemented, tot[2] + tested, tot[3] + shown]
+        lines.append(f"| {r.number} | {r.family} | {r.total} | {r.implemented} | {tested} | {shown} |")
     lines.append(f"| | **all** | **{tot[0]}** | **{tot[1]}** | **{tot[2]}** | **{tot[3]}** |")
     lines += [
         "",
         "## Execution",
         "",
-        "Every chapter notebook is executed when the book is built; the table below is filled in by the",
-        "build itself (method, time and status of each notebook's last execution).",
+        "Each notebook executes once per build. `make test` runs nbval, which re-executes every chapter and",
+        "compares its outputs with the stored ones; a notebook that passes is rendered here from those",
+        "stored outputs. Any other notebook (edited since the tests ran, or built without them) is",
+        f"executed by the build itself. Each chapter has a budget of {BUDGET_S:.0f} s of execution on a",
+        "2-core CPU.",
         "",
-        "```{nb-exec-table}",
-        "```",
+        "| notebook | outputs | cells | nbval execution |",
+        "|---|---|---:|---:|",
     ]
+    root = registry.repo_root() or Path(".")
+    for nb in book_notebooks(root):
+        proof = read_proof(nb, root)
+        if proof:
+            lines.append(f"| {nb.stem} | stored, proven by nbval ({proof['recorded']}) | {proof['cells']} | "
+                         f"{proof['seconds']:.1f} s |")
+        else:
+            lines.append(f"| {nb.stem} | executed by this build | | |")
+    lines += ["", "Notebooks executed by this build itself, if any:", "", "```{nb-exec-table}", "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -174,6 +190,7 @@ def execute_notebooks(paths: list[str] | None = None, timeout: int = 900) -> int
     import nbformat
     from nbclient import NotebookClient
 
+    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in stored outputs (stderr)
     url = repository_url()
     nbs = [Path(p) for p in paths] if paths else sorted(Path("book").glob("*.ipynb"))
     for path in nbs:

@@ -5,8 +5,10 @@ Commands::
     python -m llmbook equations [QUERY]       search by id, name, family or LaTeX symbol
     python -m llmbook equations --summary     implemented / tested / shown per chapter
     python -m llmbook equations --missing     ids not yet implemented, tested or shown
+    python -m llmbook chapters                the chapter manifest (part, notebook, modules)
     python -m llmbook pages                   write the generated book pages (index, status)
     python -m llmbook notebooks [PATH ...]    re-execute notebooks in place (stored outputs)
+    python -m llmbook train [--out DIR]       train the book's tiny GPT (llmbook/data/tiny_gpt.pt and its log)
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmbook import registry
+from llmbook import chapters, registry
 
 
 def _mark(flag: bool | None) -> str:
@@ -36,7 +38,7 @@ def search(query: str) -> list[registry.Equation]:
     return out
 
 
-def print_equations(query: str | None, cov: registry.Coverage, out=sys.stdout) -> int:
+def print_equations(query: str | None, cov, out=sys.stdout) -> int:
     eqs = search(query) if query else list(registry.catalogue().values())
     if not eqs:
         print(f"no equation matches {query!r}", file=out)
@@ -56,44 +58,45 @@ def print_equations(query: str | None, cov: registry.Coverage, out=sys.stdout) -
     return 0
 
 
-def summary_rows(cov: registry.Coverage):
-    """(chapter, family, total, implemented, tested, shown) per chapter."""
-    rows = []
-    for ch, fam in sorted(registry.families().items()):
-        ids = [e.id for e in registry.catalogue().values() if e.chapter == ch]
-        impl = sum(i in cov.implemented for i in ids)
-        tested = None if cov.tested is None else sum(bool(cov.is_tested(i)) for i in ids)
-        shown = None if cov.shown is None else sum(bool(cov.is_shown(i)) for i in ids)
-        rows.append((ch, fam, len(ids), impl, tested, shown))
-    return rows
-
-
-def print_summary(cov: registry.Coverage, out=sys.stdout) -> int:
-    rows = summary_rows(cov)
+def print_summary(cov, out=sys.stdout) -> int:
+    """The per-chapter table of :meth:`llmbook.coverage.Coverage.by_chapter`."""
+    rows = cov.by_chapter()
     fmt = "{:>3}  {:<40} {:>5} {:>6} {:>6} {:>6}"
     print(fmt.format("ch", "family", "eqs", "impl", "tested", "shown"), file=out)
     untouched = []
-    for ch, fam, n, impl, tested, shown in rows:
-        if impl == 0 and not tested and not shown:
-            untouched.append(ch)
+    for r in rows:
+        if r.implemented == 0 and not r.tested and not r.shown and not r.notebook:
+            untouched.append(r.number)
             continue
-        print(fmt.format(ch, fam[:40], n, impl, "?" if tested is None else tested,
-                         "?" if shown is None else shown), file=out)
+        print(fmt.format(r.number, r.family[:40], r.total, r.implemented, _count(r.tested), _count(r.shown)), file=out)
     if untouched:
         print(f"     {len(untouched)} chapters not started: {', '.join(map(str, untouched))}", file=out)
-    total = sum(r[2] for r in rows)
-    impl = sum(r[3] for r in rows)
-    tested = "?" if cov.tested is None else sum(r[4] for r in rows)
-    shown = "?" if cov.shown is None else sum(r[5] for r in rows)
+    total, impl = sum(r.total for r in rows), sum(r.implemented for r in rows)
+    tested = "?" if cov.tested is None else sum(r.tested for r in rows)
+    shown = "?" if cov.shown is None else sum(r.shown for r in rows)
     print(fmt.format("", "all chapters", total, impl, tested, shown), file=out)
-    done = [r[0] for r in rows if r[2] == r[3] == r[4] == r[5]]
+    done = [r.number for r in rows if r.complete]
     print(f"complete chapters (implemented, tested and shown): {', '.join(map(str, done)) or 'none'}", file=out)
     if cov.unknown_ids:
         print(f"unknown ids referenced by tests or the book: {', '.join(cov.unknown_ids)}", file=out)
     return 0
 
 
-def print_missing(cov: registry.Coverage, out=sys.stdout) -> int:
+def _count(n: int | None) -> str:
+    return "?" if n is None else str(n)
+
+
+def print_chapters(out=sys.stdout) -> int:
+    """The chapter manifest: part, notebook and owning modules of every chapter."""
+    for ch in chapters.CHAPTERS.values():
+        family = registry.families()[ch.number]
+        print(f"{ch.number:>2}  {ch.part:<6} {family}", file=out)
+        print(f"    notebook: {ch.notebook or '-'}", file=out)
+        print(f"    modules:  {', '.join(ch.modules) or '-'}", file=out)
+    return 0
+
+
+def print_missing(cov, out=sys.stdout) -> int:
     for e in registry.catalogue().values():
         gaps = []
         if e.id not in cov.implemented:
@@ -114,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     p_eq.add_argument("query", nargs="?", help="id, name, family or LaTeX fragment")
     p_eq.add_argument("--summary", action="store_true", help="coverage per chapter")
     p_eq.add_argument("--missing", action="store_true", help="what is not yet covered")
+    sub.add_parser("chapters", help="the chapter manifest: part, notebook and modules of each chapter")
     p_pages = sub.add_parser("pages", help="write the generated book pages")
     p_pages.add_argument("--book", default="book", help="book folder (default: book)")
     p_nb = sub.add_parser("notebooks", help="re-execute notebooks in place")
     p_nb.add_argument("paths", nargs="*", help="notebooks (default: every book/*.ipynb)")
+    p_tr = sub.add_parser("train", help="train the book's tiny GPT on the corpus (a few minutes on 2 CPU cores)")
+    p_tr.add_argument("--out", help="output folder (default: the package data folder, llmbook/data)")
+    p_tr.add_argument("--steps", type=int, help="train for fewer steps (a quick trial; not the committed run)")
     args = parser.parse_args(argv)
 
     if args.command == "equations":
@@ -127,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.missing:
             return print_missing(cov)
         return print_equations(args.query, cov)
+    if args.command == "chapters":
+        return print_chapters()
     if args.command == "pages":
         from llmbook import bookpages
 
@@ -137,4 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         from llmbook import bookpages
 
         return bookpages.execute_notebooks(args.paths)
+    if args.command == "train":
+        from llmbook.lm import training
+
+        return training.main(args.out, args.steps)
     return 2  # pragma: no cover

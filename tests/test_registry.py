@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbook import bookpages, cli, registry
+from llmbook import bookpages, chapters, cli, registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,14 +36,72 @@ def test_unknown_or_malformed_ids_are_rejected():
         registry.implements()
 
 
-def test_every_registered_id_is_known_and_resolves():
+def test_a_duplicate_catalogue_id_fails_loudly():
+    head = "id\tchapter\tfamily\tequation\tlatex\n"
+    with pytest.raises(ValueError, match=r"id '03.01' appears twice \(lines 2 and 4\)"):
+        registry.parse_catalogue(head + "03.01\t3\tA\tx\tx\n03.02\t3\tA\ty\ty\n03.01\t3\tA\tz\tz\n")
+    with pytest.raises(ValueError, match="filed under chapter 4"):
+        registry.parse_catalogue(head + "03.01\t4\tA\tx\tx\n")
+
+
+def _fake(module: str, name: str = "f"):
+    def f():
+        pass
+
+    f.__module__, f.__qualname__ = module, name
+    return f
+
+
+def test_an_id_is_registered_once_and_only_in_its_chapters_modules():
+    with registry.isolated_registry() as reg:
+        registry.implements("05.01")(_fake("llmbook.lm.norms", "layer_norm"))
+        assert reg == {"05.01": "llmbook.lm.norms:layer_norm"}
+        registry.implements("05.01")(_fake("llmbook.lm.norms", "layer_norm"))  # a re-import is harmless
+        with pytest.raises(ValueError, match="05.01 is registered twice: by llmbook.lm.norms:layer_norm and by "
+                                             "llmbook.lm.norms:other"):
+            registry.implements("05.01")(_fake("llmbook.lm.norms", "other"))
+        with pytest.raises(ValueError, match="belongs to chapter 3, whose modules are: llmbook.lm.attention"):
+            registry.implements("03.01")(_fake("llmbook.lm.norms"))
+        with pytest.raises(ValueError, match="chapter 20, whose modules are: none yet"):
+            registry.implements("20.01")(_fake("llmbook.rag.similarity"))
+        with pytest.raises(ValueError, match="repeated id"):
+            registry.implements("05.02", "05.02")
+    assert "05.01" in registry.implementations()  # the real registry is back
+
+
+def test_every_registered_id_is_known_and_resolves_to_one_object_of_its_chapter():
     impls = registry.implementations()
     assert impls, "nothing is registered"
     for eq_id, names in impls.items():
         assert eq_id in registry.catalogue()
-        for where in names:
-            obj = registry.resolve(where)
-            assert eq_id in obj.__equations__
+        assert len(names) == 1
+        obj = registry.resolve(names[0])
+        assert eq_id in obj.__equations__
+        chapter = chapters.chapter(registry.catalogue()[eq_id].chapter)
+        assert obj.__module__ in chapter.modules
+
+
+def test_the_manifest_matches_the_tree_and_the_toc():
+    toc = re.findall(r"file:\s*(book/\d\d-[\w-]+)", (ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    written = [ch.notebook for ch in chapters.CHAPTERS.values() if ch.written]
+    assert sorted(f + ".ipynb" for f in toc) == sorted(written)
+    assert sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "book").glob("[0-9][0-9]-*.ipynb")) == sorted(written)
+    for ch in chapters.CHAPTERS.values():
+        assert ch.notebook is None or ch.notebook.startswith(f"book/{ch.number:02d}-")
+        for module in ch.modules if ch.written else ():  # an unwritten chapter may plan modules
+            assert (ROOT / (module.replace(".", "/") + ".py")).exists(), module
+    # every implementation module is owned by a chapter (shared infrastructure lives at the top level)
+    for part in registry.PACKAGES:
+        for path in (ROOT / "llmbook" / part).glob("[!_]*.py"):
+            module = f"llmbook.{part}.{path.stem}"
+            assert chapters.chapter_of_module(module) is not None or module in chapters.SHARED_MODULES, \
+                f"{module} is in no chapter of llmbook/chapters.py"
+
+
+def test_tests_sit_in_the_mirrored_files_and_sections_in_their_chapter():
+    cov = registry.coverage(ROOT)
+    assert not cov.misplaced_tests()
+    assert not cov.misplaced_sections()
 
 
 def test_every_registered_equation_is_tested_against_an_oracle():

@@ -23,10 +23,13 @@ with the last key (FlashAttention-2's convention), and a query that sees no key 
 Triton is imported on first use, never at import time, so ``import llmbook`` works without it. Under
 ``TRITON_INTERPRET=1`` (set before Triton is first imported) the same kernels run on the CPU in
 Triton's interpreter, which is how the tests check them on machines without a GPU; the interpreter
-cannot autotune, so pass ``block_m`` and ``block_n`` there. :func:`flash_attention` picks the
-backend: Triton for CUDA tensors, the tiled PyTorch version of :mod:`llmbook.lm.flash` elsewhere.
-The kernel bodies and their autotuning table are in :mod:`llmbook.kernels.flash_attention_kernels`;
-this module holds the host side (shapes, launches, autograd, dispatch).
+cannot autotune, so there the block sizes default to ``INTERPRETER_BLOCKS``. On CUDA the autotuner
+picks them, keyed on the sequence lengths rounded up to a power of two (:func:`length_bucket`).
+:func:`flash_attention` picks the backend: Triton for CUDA tensors the kernel supports, the tiled
+PyTorch version of :mod:`llmbook.lm.flash` for everything else. The ``@triton.jit`` kernels and their
+autotuning table are in :mod:`llmbook.kernels.flash_attention_kernels`, imported on first use; this
+module holds the host side (shapes, launches, autograd, dispatch), and
+:mod:`llmbook.kernels.runtime` the Triton set-up shared with the other kernels.
 """
 
 from __future__ import annotations
@@ -38,20 +41,16 @@ from jaxtyping import Float
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from llmbook.kernels.flash_attention_kernels import (  # noqa: F401  (TUNING: re-exported for the tests)
-    TUNING,
-    _interpreting,
-    _kernels,
-    _triton,
-)
+from llmbook.kernels import runtime
+from llmbook.kernels.runtime import triton_available
 from llmbook.lm.attention import attention_scale
-from llmbook.registry import implements
 
 __all__ = [
     "flash_attention",
     "flash_attention_triton",
     "flash_attention_forward",
     "FlashAttentionFunction",
+    "length_bucket",
     "triton_available",
 ]
 
@@ -59,20 +58,28 @@ LOG2E = math.log2(math.e)
 MAX_HEAD_DIM = 128
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BACKENDS = ("auto", "triton", "torch")
+OP = "flash_attention"
+KERNEL_MODULE = "llmbook.kernels.flash_attention_kernels"
+INTERPRETER_BLOCKS: tuple[int, int] | None = (32, 32)  # (block_m, block_n) where autotuning is impossible
+TORCH_BLOCKS = 64  # the tiled PyTorch path's default tile
 
 
+def length_bucket(T: int) -> int:
+    """The autotuner's key for a sequence length: ``T`` rounded up to a power of two, at least 16.
 
-def triton_available() -> bool:
-    """True if Triton can be imported (it is an optional dependency).
+    Block sizes that are fastest for ``T`` are fastest for lengths close to it, so a KV cache that
+    grows by one key per decoding step is tuned once per doubling of its length, not at every step.
 
-    >>> isinstance(triton_available(), bool)
-    True
+    >>> [length_bucket(T) for T in (1, 16, 17, 100, 128, 129)]
+    [16, 16, 32, 128, 128, 256]
     """
-    try:
-        _triton()
-    except ImportError:
-        return False
-    return True
+    return max(16, 1 << (T - 1).bit_length())
+
+
+def _kernels():
+    """The kernel module (``KERNELS``, ``TUNED``, ``TUNING``), imported on first use."""
+    return runtime.load_kernels(KERNEL_MODULE)
+
 
 
 def _alloc(shape, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -117,28 +124,45 @@ def _as_4d(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, boo
     return q, k, v, squeeze
 
 
-def _check_triton_inputs(q: Tensor, block_m, block_n):
-    """What the Triton kernels support, each limit named in the error."""
-    if not triton_available():
-        raise ImportError("the Triton backend needs the optional dependency triton (pip install triton); "
-                          "backend='torch' runs the tiled PyTorch version instead")
-    if q.dtype not in TRITON_DTYPES:
-        raise TypeError(f"the Triton kernel supports float16, bfloat16 and float32, got {q.dtype}")
-    D = q.shape[-1]
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"the Triton kernel supports head dimensions D <= {MAX_HEAD_DIM}, got D = {D}")
-    interpreted = _interpreting()
-    if not interpreted and not q.is_cuda:
-        raise ValueError(f"the Triton backend needs CUDA tensors (got device {q.device}); use backend='torch', "
-                         "or set TRITON_INTERPRET=1 before importing triton to run the kernels in the interpreter")
+def _unsupported(q: Tensor) -> Exception | None:
+    """Why the Triton kernel cannot run on the 4-D ``q`` (the exception to raise), or None."""
+    err = runtime.unsupported(OP, q, TRITON_DTYPES)
+    if err is None and q.shape[-1] > MAX_HEAD_DIM:
+        err = ValueError(f"the Triton backend of {OP} supports head dimensions D <= {MAX_HEAD_DIM}, "
+                         f"got D = {q.shape[-1]}; backend='torch' runs any D")
+    return err
+
+
+def _check_blocks(block_m, block_n) -> None:
     if (block_m is None) != (block_n is None):
         raise ValueError(f"give both block_m and block_n or neither, got {block_m} and {block_n}")
-    if block_m is None and interpreted:
-        raise ValueError("the Triton interpreter cannot autotune: pass block_m and block_n explicitly")
-    for name, b in (("block_m", block_m), ("block_n", block_n)):
-        if b is not None and (not isinstance(b, int) or b < 16 or b & (b - 1)):
-            raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
-    return interpreted
+    if block_m is not None:
+        runtime.check_block(block_m, "block_m"), runtime.check_block(block_n, "block_n")
+
+
+def _auto_backend(q: Tensor, block_m, block_n) -> str:
+    """``backend="auto"``: Triton for CUDA tensors the kernel runs (with these tiles), PyTorch for the rest."""
+    tiles_ok = block_m is None or all(isinstance(b, int) and b >= 16 and not b & b - 1 for b in (block_m, block_n))
+    return "triton" if q.is_cuda and tiles_ok and _unsupported(q) is None else "torch"
+
+
+def _prepare(q, k, v, scale, block_m, block_n):
+    """Validate everything for the Triton path; return ``q4, k4, v4, squeeze, scale, blocks``.
+
+    ``blocks`` is ``(block_m, block_n)``, or None to autotune (CUDA); under the interpreter, omitted
+    block sizes default to ``INTERPRETER_BLOCKS``.
+    """
+    q4, k4, v4, squeeze = _as_4d(q, k, v)
+    scale = attention_scale(scale, q4.shape[-1])
+    _check_blocks(block_m, block_n)
+    err = _unsupported(q4)
+    if err is not None:
+        raise err
+    if block_m is not None:
+        blocks = (block_m, block_n)
+    else:
+        blocks = INTERPRETER_BLOCKS if runtime.interpreting() else None
+    return q4, k4, v4, squeeze, scale, blocks
 
 
 def _meta(q: Tensor, causal: bool) -> dict:
@@ -148,27 +172,30 @@ def _meta(q: Tensor, causal: bool) -> dict:
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _launch(name: str, grid_rows: int, n_programs: int, args: tuple, meta: dict, blocks, warmup=None):
     """Launch kernel ``name`` with explicit ``blocks = (BLOCK_M, BLOCK_N)`` or through its autotuner.
 
     With ``warmup`` (a set of kernel names) nothing runs: the kernels named there are compiled for these
     arguments (every autotuning candidate when ``blocks`` is None), which fills Triton's disk cache.
     """
-    jit, tuned = _kernels(_interpreting())
-    cdiv = _triton().cdiv
+    kernels = _kernels()
     tile = "BLOCK_N" if name == "dkdv" else "BLOCK_M"  # the grid runs over key tiles for dK/dV
     if blocks is None:
         if warmup is None:
-            tuned[name][lambda m: (cdiv(grid_rows, m[tile]), n_programs)](*args, **meta)
+            kernels.TUNED[name][lambda m: (_cdiv(grid_rows, m[tile]), n_programs)](*args, **meta)
         elif name in warmup:
-            tuned[name].warmup(*args, grid=(1, 1), **meta)
+            kernels.TUNED[name].warmup(*args, grid=(1, 1), **meta)
         return
     bm, bn = blocks
     launch = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4 if bm * bn <= 64 * 64 else 8, num_stages=2)
     if warmup is None:
-        jit[name][(cdiv(grid_rows, bn if name == "dkdv" else bm), n_programs)](*args, **meta, **launch)
+        kernels.KERNELS[name][(_cdiv(grid_rows, bn if name == "dkdv" else bm), n_programs)](*args, **meta, **launch)
     elif name in warmup:
-        jit[name].warmup(*args, grid=(1, 1), **meta, **launch)
+        kernels.KERNELS[name].warmup(*args, grid=(1, 1), **meta, **launch)
 
 
 def _forward(q, k, v, causal, scale, blocks, warmup=None):
@@ -177,7 +204,7 @@ def _forward(q, k, v, causal, scale, blocks, warmup=None):
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = _alloc(q.shape, q)
     lse = _alloc((B, H, Tq), q, torch.float32)
-    args = (q, k, v, o, lse, scale * LOG2E, H, Tq, Tk, H // H_kv)
+    args = (q, k, v, o, lse, scale * LOG2E, H, Tq, Tk, H // H_kv, length_bucket(Tq), length_bucket(Tk))
     _launch("fwd", Tq, B * H, args, _meta(q, causal), blocks, warmup)
     return o, lse
 
@@ -185,18 +212,18 @@ def _forward(q, k, v, causal, scale, blocks, warmup=None):
 def _backward(do, q, k, v, o, lse, causal, scale, blocks, warmup=None):
     B, H, Tq, D = q.shape
     H_kv, Tk = k.shape[1], k.shape[2]
-    do = do.to(q.dtype).contiguous()
+    do, o = do.to(q.dtype).contiguous(), o.contiguous()
     meta = _meta(q, causal)
     delta = _alloc(lse.shape, lse)
     bm_pre = 64 if blocks is None else blocks[0]
-    pre = _kernels(_interpreting())[0]["pre"]
+    pre = _kernels().KERNELS["pre"]
     pre_args, pre_meta = (o, do, delta, Tq), dict(HEAD_DIM=D, BLOCK_D=meta["BLOCK_D"], BLOCK_M=bm_pre)
     if warmup is None:
-        pre[(_triton().cdiv(Tq, bm_pre), B * H)](*pre_args, **pre_meta)
+        pre[(_cdiv(Tq, bm_pre), B * H)](*pre_args, **pre_meta)
     elif "pre" in warmup:
         pre.warmup(*pre_args, grid=(1, 1), **pre_meta)
     dq, dk, dv = _alloc(q.shape, q), _alloc(k.shape, k), _alloc(v.shape, v)
-    common = (scale * LOG2E, scale, H, Tq, Tk, H // H_kv)
+    common = (scale * LOG2E, scale, H, Tq, Tk, H // H_kv, length_bucket(Tq), length_bucket(Tk))
     _launch("dkdv", Tk, B * H_kv, (q, k, v, do, lse, delta, dk, dv, *common), meta, blocks, warmup)
     _launch("dq", Tq, B * H, (q, k, v, do, lse, delta, dq, *common), meta, blocks, warmup)
     return dq, dk, dv
@@ -216,33 +243,39 @@ def _precompile(kinds, dtype: torch.dtype, head_dim: int, causal: bool, H: int, 
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """``torch.autograd.Function`` around the Triton kernels: saves ``q, k, v, o`` and the log-sum-exp.
+    r"""Triton FlashAttention-2 as a ``torch.autograd.Function``, used like :class:`llmbook.lm.flash.TiledAttention`.
 
-    ``apply(q, k, v, causal, scale, blocks)`` takes 4-D contiguous-or-not ``(B, H, T, D)`` tensors;
-    ``blocks`` is ``None`` (autotune, CUDA) or ``(block_m, block_n)``. Use :func:`flash_attention_triton`.
+    ``FlashAttentionFunction.apply(q, k, v, causal=False, scale=None, block_m=None, block_n=None) -> o``
+    takes ``(B, T, D)`` or ``(B, H, T, D)`` inputs (shapes as in :func:`flash_attention_forward`);
+    ``scale`` defaults to :math:`1/\sqrt{D}`; omitted block sizes are autotuned on CUDA and are
+    ``INTERPRETER_BLOCKS`` under the interpreter. It saves ``q, k, v``, the output and the
+    log-sum-exp, whose shape is that of the input's rows (``(B, T_q)`` or ``(B, H, T_q)``), and the
+    backward pass recomputes the tiles from them. :func:`flash_attention_triton` is the same call.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, blocks):
-        o, lse = _forward(q, k, v, causal, scale, blocks)
+    def forward(ctx, q, k, v, causal=False, scale=None, block_m=None, block_n=None):
+        q4, k4, v4, squeeze, scale, blocks = _prepare(q, k, v, scale, block_m, block_n)
+        o, lse = _forward(q4, k4, v4, bool(causal), scale, blocks)
+        if squeeze:
+            o, lse = o.squeeze(1), lse.squeeze(1)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.blocks = causal, scale, blocks
+        ctx.config = (bool(causal), scale, blocks)
         return o
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, ctx.causal, ctx.scale,
-                               ctx.blocks)
-        return dq, dk, dv, None, None, None
+        squeeze = q.ndim == 3
+        if squeeze:
+            q, k, v, o, lse, do = (x.unsqueeze(1) for x in (q, k, v, o, lse, do))
+        grads = _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, *ctx.config)
+        if squeeze:
+            grads = tuple(g.squeeze(1) for g in grads)
+        return *grads, None, None, None, None
 
 
-def _blocks(block_m, block_n):
-    return None if block_m is None else (block_m, block_n)
-
-
-@implements("03.13")
 def flash_attention_forward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k D"],
                             v: Float[Tensor, "B H_kv T_k D"], causal: bool = False, scale: float | None = None, *,
                             block_m: int | None = None, block_n: int | None = None
@@ -257,11 +290,11 @@ def flash_attention_forward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H
     Symbols: :math:`Q, K, V` are ``q, k, v``, :math:`\tau` is ``scale`` (default :math:`1/\sqrt{D}`),
     :math:`L` is ``lse``. ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``, ``k, v`` are
     ``(B, H_kv, T_k, D)`` or ``(B, T_k, D)`` with ``H_kv`` dividing ``H`` and ``D <= 128``; float16,
-    bfloat16 or float32. ``block_m``/``block_n`` are powers of two >= 16, required under the
-    interpreter and chosen by autotuning on CUDA when omitted.
+    bfloat16 (not in the interpreter) or float32. ``block_m``/``block_n`` are powers of two >= 16; when
+    omitted, autotuning picks them on CUDA and the interpreter uses ``INTERPRETER_BLOCKS``.
 
     >>> q = torch.zeros(1, 1, 3, 16)
-    >>> o, lse = flash_attention_forward(q, q, q, block_m=16, block_n=16)  # doctest: +SKIP
+    >>> o, lse = flash_attention_forward(q, q, q)  # doctest: +SKIP
     >>> lse  # uniform weights over 3 keys: log 3  # doctest: +SKIP
     tensor([[[1.0986, 1.0986, 1.0986]]])
     >>> flash_attention_forward(q.expand(1, 4, 3, 16), q.expand(1, 3, 3, 16), q.expand(1, 3, 3, 16))
@@ -269,14 +302,12 @@ def flash_attention_forward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H
     ...
     ValueError: the number of query heads H (4) must be a multiple of the key/value heads H_kv (3)
     """
-    q4, k4, v4, squeeze = _as_4d(q, k, v)
-    _check_triton_inputs(q4, block_m, block_n)
+    q4, k4, v4, squeeze, scale, blocks = _prepare(q, k, v, scale, block_m, block_n)
     with torch.no_grad():
-        o, lse = _forward(q4, k4, v4, causal, attention_scale(scale, q4.shape[-1]), _blocks(block_m, block_n))
+        o, lse = _forward(q4, k4, v4, bool(causal), scale, blocks)
     return (o.squeeze(1), lse.squeeze(1)) if squeeze else (o, lse)
 
 
-@implements("03.13")
 def flash_attention_triton(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k D"],
                            v: Float[Tensor, "B H_kv T_k D"], causal: bool = False, scale: float | None = None, *,
                            block_m: int | None = None, block_n: int | None = None) -> Float[Tensor, "B H T_q D"]:
@@ -289,9 +320,10 @@ def flash_attention_triton(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_
 
     Shapes, ``causal`` (mask :math:`M_{ij} = -\infty` for :math:`j > i + T_k - T_q`), ``scale`` and the
     block sizes are as in :func:`flash_attention_forward`. Returns ``o`` with the shape and dtype of ``q``.
+    This is ``FlashAttentionFunction.apply(q, k, v, causal, scale, block_m, block_n)``.
 
     >>> q = torch.zeros(1, 1, 3, 16, requires_grad=True)
-    >>> flash_attention_triton(q, q, q, block_m=16, block_n=16).sum().backward()  # doctest: +SKIP
+    >>> flash_attention_triton(q, q, q).sum().backward()  # doctest: +SKIP
     >>> q.grad.abs().max()  # doctest: +SKIP
     tensor(0.)
     >>> flash_attention_triton(q, q[..., :8], q[..., :8])
@@ -299,22 +331,21 @@ def flash_attention_triton(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_
     ...
     ValueError: k and v must be (B=1, H_kv, T_k, D=16) to match q (1, 1, 3, 16), got (1, 1, 3, 8)
     """
-    q4, k4, v4, squeeze = _as_4d(q, k, v)
-    _check_triton_inputs(q4, block_m, block_n)
-    o = FlashAttentionFunction.apply(q4, k4, v4, bool(causal), attention_scale(scale, q4.shape[-1]),
-                                     _blocks(block_m, block_n))
-    return o.squeeze(1) if squeeze else o
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, block_m, block_n)
 
 
-@implements("03.13")
 def flash_attention(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k D"], v: Float[Tensor, "B H_kv T_k D"],
-                    causal: bool = False, scale: float | None = None, backend: str = "auto"
-                    ) -> Float[Tensor, "B H T_q D"]:
+                    causal: bool = False, scale: float | None = None, backend: str = "auto", *,
+                    block_m: int | None = None, block_n: int | None = None) -> Float[Tensor, "B H T_q D"]:
     r"""Exact attention :math:`\mathrm{softmax}(QK^\top\tau + M)V` without a :math:`T_q\times T_k` matrix.
 
-    ``backend="auto"`` runs the Triton kernel (:func:`flash_attention_triton`) for CUDA tensors when
-    Triton is installed, and the tiled PyTorch version (:func:`llmbook.lm.flash.tiled_attention`, the
-    same online softmax in plain torch) everywhere else; ``"triton"`` and ``"torch"`` force one.
+    ``backend="auto"`` runs the Triton kernel (:func:`flash_attention_triton`) for CUDA tensors that it
+    supports (Triton installed, float16/bfloat16/float32, ``D <= 128``), and the tiled PyTorch version
+    (:func:`llmbook.lm.flash.tiled_attention`, the same online softmax in plain torch) for everything
+    else; ``"triton"`` forces the kernel (and raises where it cannot run), ``"torch"`` the PyTorch
+    version. ``block_m``/``block_n`` (both or neither) are the query and key tile sizes of either
+    backend: powers of two >= 16 for Triton (default: autotuned on CUDA, ``INTERPRETER_BLOCKS`` in the
+    interpreter), any positive int for PyTorch (default 64; ``"auto"`` takes PyTorch for other sizes).
     Differentiable with either backend.
 
     Symbols: :math:`Q, K, V` are ``q, k, v``, :math:`\tau` is ``scale`` (default :math:`1/\sqrt{D}`),
@@ -333,14 +364,17 @@ def flash_attention(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k 
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     q4, k4, v4, squeeze = _as_4d(q, k, v)
     attention_scale(scale, q4.shape[-1])
+    if (block_m is None) != (block_n is None):
+        raise ValueError(f"give both block_m and block_n or neither, got {block_m} and {block_n}")
     if backend == "auto":
-        backend = "triton" if q4.is_cuda and q4.dtype in TRITON_DTYPES and triton_available() else "torch"
+        backend = _auto_backend(q4, block_m, block_n)
     if backend == "triton":
-        return flash_attention_triton(q, k, v, causal=causal, scale=scale)
+        return flash_attention_triton(q, k, v, causal=causal, scale=scale, block_m=block_m, block_n=block_n)
     from llmbook.lm.flash import tiled_attention  # imported on first use
 
     group = q4.shape[1] // k4.shape[1]
     if group > 1:  # grouped-query attention: each key/value head serves `group` query heads
         k4, v4 = k4.repeat_interleave(group, dim=1), v4.repeat_interleave(group, dim=1)
-    o = tiled_attention(q4, k4, v4, causal=causal, scale=scale)
+    block_q, block_k = (TORCH_BLOCKS, TORCH_BLOCKS) if block_m is None else (block_m, block_n)
+    o = tiled_attention(q4, k4, v4, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
     return o.squeeze(1) if squeeze else o

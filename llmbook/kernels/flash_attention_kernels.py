@@ -1,61 +1,98 @@
-r"""The Triton kernel bodies of :mod:`llmbook.kernels.flash_attention`, and their autotuning table.
+r"""The Triton kernels of :mod:`llmbook.kernels.flash_attention`, and their autotuning table.
 
-The bodies are plain Python functions written in Triton's language; ``_kernels()`` wraps them with
-``triton.jit`` (and ``triton.autotune``) on first use. Triton itself is imported lazily by
-``_triton()``, which also binds the module globals ``triton`` and ``tl`` that the bodies read when
-they are compiled, so importing this module never imports Triton.
+This module imports Triton when it is imported, so :mod:`llmbook.kernels.flash_attention` imports it
+on first use only (:func:`llmbook.kernels.runtime.load_kernels`). The kernels are ``@triton.jit``
+functions, as in Triton's fused-attention tutorial: the forward and the dQ kernels share the key-tile
+loop's pieces (:func:`_kv_bounds`, :func:`_kv_scores`) and each runs it twice through its inner helper
+(:func:`_attn_fwd_inner`, :func:`_attn_dq_inner`): once over the key tiles every query of the tile
+sees in full, without masks, and once over the diagonal and the ragged tail, with them.
+
+``KERNELS`` holds the kernels launched with explicit block sizes, ``TUNED`` the autotuned ones. The
+autotuner is keyed on the sequence lengths rounded up to a power of two (``TQ_BUCKET``, ``TK_BUCKET``),
+not on the lengths, so a growing KV cache is tuned once per doubling, not at every decoding step.
 """
 
 from __future__ import annotations
 
-import os
-from functools import cache, partial
+from functools import partial
 
 import torch
 
-triton = None  # bound by _triton() on first use; the kernel bodies below read `tl` at compile time
-tl = None
+from llmbook.kernels.runtime import triton_for_kernels
 
-
-def _triton():
-    """Import Triton once and bind the module globals the kernel bodies read."""
-    global triton, tl
-    if triton is None:
-        import triton as _t
-        import triton.language as _tl
-
-        triton, tl = _t, _tl
-    return triton
-
-
-_INTERPRETED: bool | None = None
-
-
-def _interpreting() -> bool:
-    """Whether Triton runs in its CPU interpreter, which is fixed when ``triton`` is first imported."""
-    global _INTERPRETED
-    if _INTERPRETED is None:
-        _triton()
-        from triton.runtime.interpreter import InterpretedFunction
-
-        imported_interpreted = isinstance(tl.zeros, InterpretedFunction)
-        knobs = getattr(triton, "knobs", None)
-        asked = knobs.runtime.interpret if knobs else os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        if imported_interpreted != bool(asked):
-            raise RuntimeError("TRITON_INTERPRET changed after triton was imported: set it (or unset it) before "
-                               "the first import of triton in this process, e.g. in a test module or conftest.py")
-        _INTERPRETED = imported_interpreted
-    return _INTERPRETED
+triton, tl = triton_for_kernels()  # stand-ins that define nothing runnable where triton is not installed
 
 
 # ====================================================================================== kernel bodies
-# Plain functions, wrapped with triton.jit by _kernels() on first use. Every tensor is contiguous, so
-# a row of Q/K/V/O is HEAD_DIM elements and a head is T * HEAD_DIM. BLOCK_D >= 16 is HEAD_DIM rounded
-# up to a power of two (tl.dot needs K >= 16); EVEN_D says no padding columns exist. exp2 is used
-# throughout with log2(e) folded into qk_scale; LSE is stored in natural-log units.
+# Every tensor is contiguous, so a row of Q/K/V/O is HEAD_DIM elements and a head is T * HEAD_DIM.
+# BLOCK_D >= 16 is HEAD_DIM rounded up to a power of two (tl.dot needs K >= 16); EVEN_D says no padding
+# columns exist. exp2 is used throughout with log2(e) folded into qk_scale; LSE is stored in natural-log
+# units. TQ_BUCKET and TK_BUCKET are read by the autotuner only.
 
 
-def _attn_fwd(Q, K, V, O, LSE, qk_scale, H, Tq, Tk, GROUP,
+@triton.jit
+def _kv_bounds(start_m, Tq, Tk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tiles ``[0, lo_mask)`` need no mask for the query tile at ``start_m``; ``[lo_mask, hi)`` hold the
+    diagonal and the ragged tail; tiles past ``hi`` are masked for every row of the tile and never visited."""
+    offset = Tk - Tq
+    n_full = (Tk // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(start_m + BLOCK_M + offset, Tk), 0)
+        lo_mask = tl.minimum(tl.maximum(start_m + offset + 1, 0) // BLOCK_N * BLOCK_N, n_full)
+    else:
+        hi = Tk
+        lo_mask = n_full
+    return lo_mask, hi
+
+
+@triton.jit
+def _kv_scores(q, k_base, v_base, start_n, offs_m, offs_n, offs_d, qk_scale, Tk, offset,
+               CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Load the key/value tile at ``start_n``; return ``(k, v, s)`` with the scores ``s = q k^T qk_scale``
+    (log2 units), ``-inf`` where the key is past ``Tk`` or hidden by the causal mask (when ``MASKED``)."""
+    cols = start_n + offs_n
+    kv_off = cols[:, None] * HEAD_DIM + offs_d[None, :]
+    if MASKED or not EVEN_D:
+        kv_mask = (cols[:, None] < Tk) & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(k_base + kv_off)
+        v = tl.load(v_base + kv_off)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        keep = cols[None, :] < Tk
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
+        s = tl.where(keep, s, float("-inf"))
+    return k, v, s
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, qk_scale, Tk, offset,
+                    CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+                    PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The online softmax over the key tiles ``[lo, hi)``: returns the updated ``(acc, l_i, m_i)``."""
+    for start_n in range(lo, hi, BLOCK_N):
+        k, v, s = _kv_scores(q, k_base, v_base, start_n, offs_m, offs_n, offs_d, qk_scale, Tk, offset,
+                             CAUSAL, MASKED, HEAD_DIM, EVEN_D, PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:  # a row that has seen no key yet keeps m = -inf; shift by 0 instead (no NaN)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE, qk_scale, H, Tq, Tk, GROUP, TQ_BUCKET, TK_BUCKET,
               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
               PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -80,52 +117,12 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, H, Tq, Tk, GROUP,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-
-    # key tiles [0, lo_mask) need no mask; [lo_mask, hi) hold the diagonal and the ragged tail;
-    # tiles past hi are entirely masked for every row of this tile and are never visited
     offset = Tk - Tq
-    n_full = (Tk // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(pid_m * BLOCK_M + BLOCK_M + offset, Tk), 0)
-        lo_mask = tl.minimum(tl.maximum(pid_m * BLOCK_M + offset + 1, 0) // BLOCK_N * BLOCK_N, n_full)
-    else:
-        hi = Tk
-        lo_mask = n_full
-
-    for phase in tl.static_range(2):
-        if phase == 0:
-            start = 0
-            stop = lo_mask
-        else:
-            start = lo_mask
-            stop = hi
-        for start_n in range(start, stop, BLOCK_N):
-            cols = start_n + offs_n
-            kv_off = cols[:, None] * HEAD_DIM + offs_d[None, :]
-            if phase == 0 and EVEN_D:
-                k = tl.load(k_base + kv_off)
-                v = tl.load(v_base + kv_off)
-            else:
-                kv_mask = (cols[:, None] < Tk) & d_ok[None, :]
-                k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
-                v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            if phase == 1:
-                keep = cols[None, :] < Tk
-                if CAUSAL:
-                    keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
-                qk = tl.where(keep, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            if phase == 1:  # a row that has seen no key yet keeps m = -inf; shift by 0 instead (no NaN)
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            else:
-                m_use = m_new
-            p = tl.math.exp2(qk - m_use[:, None])
-            alpha = tl.math.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-            m_i = m_new
+    lo_mask, hi = _kv_bounds(pid_m * BLOCK_M, Tq, Tk, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, 0, lo_mask, offs_m, offs_n, offs_d, qk_scale,
+                                    Tk, offset, CAUSAL, False, HEAD_DIM, EVEN_D, PRECISION, BLOCK_N)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, lo_mask, hi, offs_m, offs_n, offs_d, qk_scale,
+                                    Tk, offset, CAUSAL, True, HEAD_DIM, EVEN_D, PRECISION, BLOCK_N)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # rows with no visible key: O = 0, LSE = -inf
     acc = acc / l_safe[:, None]
@@ -135,6 +132,7 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, H, Tq, Tk, GROUP,
     tl.store(LSE + off_bh.to(tl.int64) * Tq + offs_m, lse, mask=m_ok)
 
 
+@triton.jit
 def _attn_bwd_preprocess(O, DO, DELTA, Tq,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -149,7 +147,8 @@ def _attn_bwd_preprocess(O, DO, DELTA, Tq,
     tl.store(DELTA + off_bh.to(tl.int64) * Tq + offs_m, tl.sum(o * do, 1), mask=m_ok)
 
 
-def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, H, Tq, Tk, GROUP,
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, H, Tq, Tk, GROUP, TQ_BUCKET, TK_BUCKET,
                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # one program per key tile of one key/value head; it loops over the GROUP query heads that share it
@@ -214,7 +213,23 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, H, Tq, T
     tl.store(DV + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, H, Tq, Tk, GROUP,
+@triton.jit
+def _attn_dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, hi, offs_m, offs_n, offs_d, qk_scale, Tk, offset,
+                   CAUSAL: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr,
+                   PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``dq += dS K`` over the key tiles ``[lo, hi)``, with ``P = exp2(S - L)`` recomputed per tile."""
+    for start_n in range(lo, hi, BLOCK_N):
+        k, v, s = _kv_scores(q, k_base, v_base, start_n, offs_m, offs_n, offs_d, qk_scale, Tk, offset,
+                             CAUSAL, MASKED, HEAD_DIM, EVEN_D, PRECISION)
+        p = tl.math.exp2(s - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, H, Tq, Tk, GROUP, TQ_BUCKET, TK_BUCKET,
                  CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
                  PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -236,45 +251,16 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, H, Tq, Tk, GRO
     q = tl.load(Q + q_off, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     do = tl.load(DO + q_off, mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     lse2 = tl.load(LSE + off_bh.to(tl.int64) * Tq + offs_m, mask=m_ok, other=0.0) * 1.4426950408889634
+    # a row that sees no key has LSE = -inf and only masked scores (-inf): shift by 0 to get P = 0, not NaN
+    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
     delta = tl.load(DELTA + off_bh.to(tl.int64) * Tq + offs_m, mask=m_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-
     offset = Tk - Tq
-    n_full = (Tk // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(pid_m * BLOCK_M + BLOCK_M + offset, Tk), 0)
-        lo_mask = tl.minimum(tl.maximum(pid_m * BLOCK_M + offset + 1, 0) // BLOCK_N * BLOCK_N, n_full)
-    else:
-        hi = Tk
-        lo_mask = n_full
-
-    for phase in tl.static_range(2):
-        if phase == 0:
-            start = 0
-            stop = lo_mask
-        else:
-            start = lo_mask
-            stop = hi
-        for start_n in range(start, stop, BLOCK_N):
-            cols = start_n + offs_n
-            kv_off = cols[:, None] * HEAD_DIM + offs_d[None, :]
-            if phase == 0 and EVEN_D:
-                k = tl.load(k_base + kv_off)
-                v = tl.load(v_base + kv_off)
-            else:
-                kv_mask = (cols[:, None] < Tk) & d_ok[None, :]
-                k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
-                v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            p = tl.math.exp2(qk - lse2[:, None])
-            if phase == 1:
-                keep = cols[None, :] < Tk
-                if CAUSAL:
-                    keep = keep & (cols[None, :] <= offs_m[:, None] + offset)
-                p = tl.where(keep, p, 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
-            dq = tl.dot(ds.to(K.dtype.element_ty), k, dq, input_precision=PRECISION)
+    lo_mask, hi = _kv_bounds(pid_m * BLOCK_M, Tq, Tk, CAUSAL, BLOCK_M, BLOCK_N)
+    dq = _attn_dq_inner(dq, q, do, lse2, delta, k_base, v_base, 0, lo_mask, offs_m, offs_n, offs_d, qk_scale, Tk,
+                        offset, CAUSAL, False, HEAD_DIM, EVEN_D, PRECISION, BLOCK_N)
+    dq = _attn_dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo_mask, hi, offs_m, offs_n, offs_d, qk_scale, Tk,
+                        offset, CAUSAL, True, HEAD_DIM, EVEN_D, PRECISION, BLOCK_N)
 
     dq = dq * sm_scale
     tl.store(DQ + q_off, dq.to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -306,7 +292,8 @@ TUNING = {
         "fp32": [(32, 32, 4, 2), (64, 32, 8, 2), (64, 16, 4, 2)],
     },
 }
-TUNING_KEY = ["Tq", "Tk", "GROUP", "CAUSAL", "HEAD_DIM"]
+# bucketed lengths (see llmbook.kernels.flash_attention.length_bucket), not the lengths themselves
+TUNING_KEY = ["TQ_BUCKET", "TK_BUCKET", "GROUP", "CAUSAL", "HEAD_DIM"]
 
 
 def _tuning_class(dtype: torch.dtype, head_dim: int):
@@ -317,7 +304,7 @@ def _tuning_class(dtype: torch.dtype, head_dim: int):
 
 def _configs(kind: str):
     """Every candidate of one kernel, for all head dimensions (``_prune`` keeps the ones for this call)."""
-    config = _triton().Config
+    config = triton.Config
     tiles = dict.fromkeys(t for tiles in TUNING[kind].values() for t in tiles)
     return [config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
 
@@ -330,17 +317,16 @@ def _prune(kind: str, configs, named_args, **kwargs):
 
 def _tuning_bench(fn, quantiles):
     """How the autotuner times a candidate: short do_bench runs (the tests replace this)."""
-    return _triton().testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+    return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
-@cache
-def _kernels(interpreted: bool):
-    """The kernel bodies wrapped by ``triton.jit`` (launched with explicit block sizes) and by ``autotune``."""
-    t = _triton()
-    jit = {name: t.jit(fn) for name, fn in (("fwd", _attn_fwd), ("pre", _attn_bwd_preprocess),
-                                           ("dkdv", _attn_bwd_dkdv), ("dq", _attn_bwd_dq))}
-    tuned = {name: t.autotune(_configs(name), key=TUNING_KEY,
-                              prune_configs_by={"early_config_prune": partial(_prune, name)},
-                              do_bench=lambda fn, quantiles: _tuning_bench(fn, quantiles))(jit[name])
-             for name in ("fwd", "dkdv", "dq")}
-    return jit, tuned
+def _autotuned(kind: str, kernel):
+    """``kernel`` behind ``triton.autotune`` over the candidates of ``TUNING[kind]``."""
+    return triton.autotune(_configs(kind), key=TUNING_KEY,
+                           prune_configs_by={"early_config_prune": partial(_prune, kind)},
+                           do_bench=lambda fn, quantiles: _tuning_bench(fn, quantiles))(kernel)
+
+
+KERNELS = {"fwd": _attn_fwd, "pre": _attn_bwd_preprocess, "dkdv": _attn_bwd_dkdv, "dq": _attn_bwd_dq}
+TUNED = {kind: _autotuned(kind, KERNELS[kind]) for kind in ("fwd", "dkdv", "dq")}
+MODE_PROBE = _attn_fwd  # what llmbook.kernels.runtime.load_kernels checks the mode on

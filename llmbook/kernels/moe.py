@@ -16,19 +16,22 @@ for ``N`` tokens ``x`` (``(N, C)``), expert weights ``W`` (``(E, C, D)``), exper
   that block's expert GEMM and applies the gate in its epilogue, storing straight into the
   un-permuted slots.
 
-:func:`moe_dispatch` picks Triton for CUDA tensors and PyTorch elsewhere. Triton is imported
-lazily, only when its backend runs: ``import llmbook.kernels.moe`` needs neither Triton nor a GPU.
+:func:`moe_dispatch` picks Triton for CUDA tensors the kernel supports and PyTorch elsewhere. Triton
+is imported lazily, only when its backend runs: ``import llmbook.kernels.moe`` needs neither Triton
+nor a GPU. The kernel is in :mod:`llmbook.kernels.moe_kernels`; availability, the interpreter mode and
+the errors are those of :mod:`llmbook.kernels.runtime`, shared with the other kernels.
 """
 
 from __future__ import annotations
-
-import functools
-import os
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from llmbook._checks import check_positive_int
+from llmbook.kernels import runtime
+from llmbook.kernels.runtime import triton_available
 
 __all__ = [
     "moe_dispatch",
@@ -43,6 +46,9 @@ __all__ = [
 
 BACKENDS = ("auto", "loop", "torch", "triton")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+OP = "moe_dispatch"
+KERNEL_MODULE = "llmbook.kernels.moe_kernels"
 
 
 def _check(x, expert_weights, topk_ids, topk_weights) -> tuple[int, int, int, int, int]:
@@ -117,10 +123,28 @@ def permute_by_expert(topk_ids: Int[Tensor, "N K"], E: int) -> tuple[Tensor, Ten
 
     ``order[j]`` is the flat assignment index ``n * K + k`` placed at row ``j`` of the permuted
     batch, ``counts[e]`` the number of rows of expert ``e`` (``(E,)``, zeros for empty experts).
+    ``topk_ids`` holds integer expert ids in ``[0, E)``.
 
     >>> permute_by_expert(torch.tensor([[2, 0], [0, 1]]), 4)
     (tensor([1, 2, 3, 0]), tensor([2, 1, 1, 0]))
+    >>> permute_by_expert(torch.tensor([[2, 0], [0, 4]]), 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: topk_ids must lie in [0, E) = [0, 4), got range [0, 4]
     """
+    if not isinstance(topk_ids, Tensor):
+        raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+        raise TypeError(f"topk_ids must hold integer expert ids, got dtype {topk_ids.dtype}")
+    check_positive_int(E, "E")
+    if topk_ids.numel() and (topk_ids.min() < 0 or topk_ids.max() >= E):
+        raise ValueError(f"topk_ids must lie in [0, E) = [0, {E}), got range "
+                         f"[{topk_ids.min().item()}, {topk_ids.max().item()}]")
+    return _permute(topk_ids, E)
+
+
+def _permute(topk_ids: Tensor, E: int) -> tuple[Tensor, Tensor]:
+    """:func:`permute_by_expert` for ids already checked."""
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=E)
@@ -180,7 +204,7 @@ def moe_dispatch_torch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E
             [1., 1., 1., 1.]])
     """
     N, C, D, E, K = _check(x, expert_weights, topk_ids, topk_weights)
-    order, counts = permute_by_expert(topk_ids, E)
+    order, counts = _permute(topk_ids, E)
     xs = x[order // K]  # gather: row j of the permuted batch is the token of assignment order[j]
     ys = None
     if use_grouped_mm or (use_grouped_mm is None and _grouped_mm_suits(xs, expert_weights)):
@@ -203,76 +227,6 @@ def moe_dispatch_torch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E
 # ================================================================= (c) Triton
 
 
-def triton_available() -> bool:
-    """Whether ``import triton`` works (it is optional: only the GPU backend needs it).
-
-    >>> isinstance(triton_available(), bool)
-    True
-    """
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _interpreting() -> bool:
-    """Whether triton was imported in its CPU interpreter mode (fixed at its first import).
-
-    ``triton.jit`` decorates triton's own library functions when ``triton`` is first imported, so
-    ``TRITON_INTERPRET=1`` must be set before that import; a later change cannot take effect and is
-    reported here rather than failing deep inside the kernel.
-    """
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-
-    imported_interpreted = isinstance(tl.zeros, InterpretedFunction)
-    wanted = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on", "y")
-    if imported_interpreted != wanted:
-        raise RuntimeError("TRITON_INTERPRET changed after triton was imported: set it (or unset it) before the "
-                           "first import of triton in this process, e.g. at the top of a test module or conftest.py")
-    return imported_interpreted
-
-
-@functools.cache
-def _kernel(interpret: bool):
-    """Build the Triton kernel on first use; ``interpret`` keys the cache (``triton.jit`` reads
-    ``TRITON_INTERPRET`` when it decorates, so interpreted and compiled kernels are distinct objects)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def moe_grouped_gemm_kernel(
-        x_ptr, w_ptr, gate_ptr, out_ptr, sorted_ids_ptr, block_expert_ptr,
-        NK, C, D, K,
-        stride_xn, stride_xc, stride_we, stride_wc, stride_wd, stride_on, stride_od,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ):
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        e = tl.load(block_expert_ptr + pid_m).to(tl.int64)  # one expert per block of BLOCK_M rows
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        a_id = tl.load(sorted_ids_ptr + offs_m)  # flat assignment n * K + k, or the sentinel NK (padding)
-        valid = a_id < NK
-        token = (a_id // K).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, C, BLOCK_K):
-            kk = k0 + offs_k
-            a = tl.load(x_ptr + token[:, None] * stride_xn + kk[None, :] * stride_xc,
-                        mask=valid[:, None] & (kk[None, :] < C), other=0.0)  # gather rows by index
-            b = tl.load(w_ptr + e * stride_we + kk[:, None] * stride_wc + offs_n[None, :] * stride_wd,
-                        mask=(kk[:, None] < C) & (offs_n[None, :] < D), other=0.0)
-            acc += tl.dot(a, b, input_precision=PRECISION)
-        gate = tl.load(gate_ptr + a_id, mask=valid, other=0.0).to(tl.float32)
-        acc = acc * gate[:, None]  # epilogue: the gate weight
-        out = out_ptr + a_id.to(tl.int64)[:, None] * stride_on + offs_n[None, :] * stride_od
-        tl.store(out, acc, mask=valid[:, None] & (offs_n[None, :] < D))  # scatter to the un-permuted slot
-
-    return moe_grouped_gemm_kernel
-
-
 def align_block_size(topk_ids: Int[Tensor, "N K"], E: int, BLOCK_M: int) -> tuple[Tensor, Tensor]:
     """Pad each expert's run of the sorted assignments to a multiple of ``BLOCK_M`` rows.
 
@@ -284,6 +238,7 @@ def align_block_size(topk_ids: Int[Tensor, "N K"], E: int, BLOCK_M: int) -> tupl
     >>> sorted_ids.tolist(), block_expert.tolist()  # expert 0: row 2 + padding 3; expert 1: rows 0, 1
     ([2, 3, 0, 1], [0, 1])
     """
+    check_positive_int(BLOCK_M, "BLOCK_M")
     order, counts = permute_by_expert(topk_ids, E)
     NK = topk_ids.numel()
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
@@ -303,10 +258,10 @@ def moe_dispatch_triton(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "
     r"""The Triton grouped GEMM: gather by index, one expert per block, gate in the epilogue.
 
     Needs CUDA tensors, or CPU tensors with ``TRITON_INTERPRET=1`` (the slow reference interpreter,
-    used by the tests). Block sizes are explicit (powers of two, at least 16 for ``tl.dot``); there is
-    no autotuning. Float32 inputs use IEEE float32 dots (not TF32); accumulation is in float32. The
-    per-assignment outputs land in a float32 ``(N K, D)`` buffer at their original slots and are
-    summed over ``K``.
+    used by the tests, which refuses bfloat16: its ``tl.dot`` on bfloat16 is wrong). Block sizes are
+    explicit (powers of two, at least 16 for ``tl.dot``); there is no autotuning. Float32 inputs use
+    IEEE float32 dots (not TF32); accumulation is in float32. The per-assignment outputs land in a
+    float32 ``(N K, D)`` buffer at their original slots and are summed over ``K``.
 
     >>> x, W = torch.ones(3, 16, device="cuda"), torch.ones(2, 16, 16, device="cuda")  # doctest: +SKIP
     >>> moe_dispatch_triton(x, W, torch.tensor([[0], [1], [1]], device="cuda"),  # doctest: +SKIP
@@ -314,17 +269,10 @@ def moe_dispatch_triton(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "
     tensor([16., 16., 16.], device='cuda:0')
     """
     N, C, D, E, K = _check(x, expert_weights, topk_ids, topk_weights)
-    if x.dtype == torch.float64:
-        raise TypeError("the triton backend supports float32, float16 and bfloat16, not float64")
     for b, name in ((BLOCK_M, "BLOCK_M"), (BLOCK_N, "BLOCK_N"), (BLOCK_K, "BLOCK_K")):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 16 or b & (b - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {b!r}")
-    if not triton_available():
-        raise RuntimeError("the triton backend needs the triton package (pip install triton)")
-    interpret = _interpreting()
-    if not (x.is_cuda or interpret):
-        raise RuntimeError("the triton backend needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")
-    kernel = _kernel(interpret)
+        runtime.check_block(b, name)
+    runtime.require(OP, x, TRITON_DTYPES)
+    kernel = runtime.load_kernels(KERNEL_MODULE).moe_grouped_gemm_kernel
     sorted_ids, block_expert = align_block_size(topk_ids, E, BLOCK_M)
     out = torch.zeros(N * K, D, dtype=torch.float32, device=x.device)
     gate = topk_weights.reshape(-1).contiguous()
@@ -347,7 +295,7 @@ def moe_dispatch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E C D"]
                  topk_weights: Float[Tensor, "N K"], backend: str = "auto", **options) -> Float[Tensor, "N D"]:
     r"""MoE dispatch :math:`y_n = \sum_k w_{nk}\, x_n W_{e_{nk}}` with a choice of backend.
 
-    ``backend``: ``"auto"`` (Triton for CUDA tensors when triton is installed, PyTorch otherwise),
+    ``backend``: ``"auto"`` (Triton for CUDA tensors the kernel supports, PyTorch otherwise),
     ``"loop"``, ``"torch"`` or ``"triton"``. ``options`` go to the chosen backend (block sizes for
     Triton, ``use_grouped_mm`` for PyTorch). Shapes ``(N, C), (E, C, D), (N, K), (N, K) -> (N, D)``.
 
@@ -358,6 +306,7 @@ def moe_dispatch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E C D"]
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        backend = "triton" if isinstance(x, Tensor) and x.is_cuda and triton_available() else "torch"
+        cuda = isinstance(x, Tensor) and x.is_cuda
+        backend = "triton" if cuda and runtime.unsupported(OP, x, TRITON_DTYPES) is None else "torch"
     fn = {"loop": moe_dispatch_loop, "torch": moe_dispatch_torch, "triton": moe_dispatch_triton}[backend]
     return fn(x, expert_weights, topk_ids, topk_weights, **options)

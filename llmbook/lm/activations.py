@@ -20,7 +20,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor, check_dim
+from llmbook._checks import (
+    as_tensor,
+    check_dim,
+    check_module_input,
+    check_positive_int,
+    check_range,
+    check_same_dtype,
+    check_shape,
+)
 from llmbook.registry import implements
 
 __all__ = [
@@ -55,7 +63,7 @@ def relu(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
     tensor([0., 0., 2.])
     """
     x = as_tensor(x, "x")
-    return torch.where(x > 0, x, torch.zeros_like(x))
+    return torch.where(x < 0, torch.zeros_like(x), x)  # NaN (and -0.0) pass through, as in torch.relu
 
 
 @implements("06.02")
@@ -134,13 +142,14 @@ ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu,
 def _project(x: Tensor, W: Tensor, b: Tensor | None, name: str) -> Tensor:
     W = as_tensor(W, name)
     check_dim(W, name, "(d_in, d_out)", min_dim=2, max_dim=2)
+    check_same_dtype(x, W, "x", name)
     if x.shape[-1] != W.shape[0]:
         raise ValueError(f"x (..., d_in) = {tuple(x.shape)} and {name} (d_in, d_out) = {tuple(W.shape)} "
                          f"disagree on d_in")
     y = x @ W
     if b is not None:
-        if tuple(b.shape) != (W.shape[1],):
-            raise ValueError(f"the bias of {name} must have shape ({W.shape[1]},), got {tuple(b.shape)}")
+        check_shape(b, (W.shape[1],), f"the bias of {name}")
+        check_same_dtype(b, W, f"the bias of {name}", name)
         y = y + b
     return y
 
@@ -229,41 +238,35 @@ class GatedFFN(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         super().__init__()
-        if d_model <= 0 or d_ff <= 0:
-            raise ValueError(f"d_model ({d_model}) and d_ff ({d_ff}) must be positive")
+        d_model, d_ff = check_positive_int(d_model, "d_model"), check_positive_int(d_ff, "d_ff")
         self.d_model, self.d_ff = d_model, d_ff
         self.w_gate = nn.Linear(d_model, d_ff, bias=bias)
         self.w_up = nn.Linear(d_model, d_ff, bias=bias)
         self.w_down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x (..., d_model) = {tuple(x.shape)} must end in d_model = {self.d_model}")
+        x = check_module_input(self, x, d=self.d_model)
         return self.w_down(ACTIVATIONS[self.activation](self.w_gate(x)) * self.w_up(x))
 
 
-@implements("06.06")
 class GLUFFN(GatedFFN):
     """:class:`GatedFFN` with a sigmoid gate (the original GLU)."""
 
     activation = "sigmoid"
 
 
-@implements("06.07")
 class ReGLU(GatedFFN):
     """:class:`GatedFFN` with a ReLU gate."""
 
     activation = "relu"
 
 
-@implements("06.08")
 class GeGLU(GatedFFN):
     """:class:`GatedFFN` with an exact-GELU gate."""
 
     activation = "gelu"
 
 
-@implements("06.09")
 class SwiGLU(GatedFFN):
     r"""Llama's MLP: ``w_down(silu(w_gate(x)) * w_up(x))`` (``gate_proj``, ``up_proj``, ``down_proj``).
 
@@ -284,7 +287,9 @@ def swiglu_hidden_size(d_model: int, multiple_of: int = 1, ffn_mult: float = 4.0
     >>> swiglu_hidden_size(768), swiglu_hidden_size(4096, multiple_of=256)
     (2048, 11008)
     """
-    if d_model <= 0 or multiple_of <= 0:
-        raise ValueError(f"d_model ({d_model}) and multiple_of ({multiple_of}) must be positive")
+    d_model, multiple_of = check_positive_int(d_model, "d_model"), check_positive_int(multiple_of, "multiple_of")
+    check_range(ffn_mult, "ffn_mult", 0.0, low_open=True)
     d_ff = int(2 * ffn_mult * d_model / 3)
+    if d_ff < 1:
+        raise ValueError(f"ffn_mult * d_model = {ffn_mult} * {d_model} is too small for a hidden width >= 1")
     return multiple_of * ((d_ff + multiple_of - 1) // multiple_of)

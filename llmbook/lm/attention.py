@@ -8,10 +8,17 @@ Masks follow :func:`torch.nn.functional.scaled_dot_product_attention`: a boolean
 *may attend*; a floating mask is *added* to the scores (``-inf`` blocks). Note that
 :class:`torch.nn.MultiheadAttention` uses the opposite boolean convention (``True`` = blocked).
 
-Causal masking with ``T_q != T_k`` aligns the *last* query with the *last* key (bottom-right, as
-FlashAttention-2 and a KV cache need): query ``i`` sits at position ``i + T_k - T_q`` and sees keys
-``j <= i + T_k - T_q``. A query that may see no key at all gets an all-zero output and all-zero
-weights, as PyTorch's reference implementation does.
+Causal masking with ``T_q != T_k`` has two conventions, both available as ``alignment`` /
+``causal_alignment``:
+
+* ``"bottom_right"`` (the default here, as FlashAttention-2 and a KV cache need): the *last* query is
+  aligned with the *last* key; query ``i`` sits at position ``i + T_k - T_q`` and sees keys
+  ``j <= i + T_k - T_q`` (``torch.nn.attention.bias.causal_lower_right``);
+* ``"top_left"`` (what ``F.scaled_dot_product_attention(is_causal=True)`` does): the *first* query is
+  aligned with the first key and query ``i`` sees keys ``j <= i``.
+
+With ``T_q == T_k`` they coincide. A query that may see no key at all gets an all-zero output and
+all-zero weights, as PyTorch's reference implementation does.
 
 Sliding-window and sparse patterns live in :mod:`llmbook.lm.local_attention`; kernelised and
 approximate attention in :mod:`llmbook.lm.efficient_attention`; the tiled (FlashAttention) form
@@ -26,7 +33,18 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor, check_finite
+from llmbook._checks import (
+    as_tensor,
+    check_broadcastable_to,
+    check_divisible,
+    check_finite,
+    check_floating,
+    check_module_input,
+    check_positive_int,
+    check_range,
+)
+from llmbook._precision import restore_half, upcast_half
+from llmbook.lm.rope import apply_rope, check_rope_layout
 from llmbook.registry import implements
 
 __all__ = [
@@ -84,16 +102,28 @@ def attention_scale(scale, D: int) -> float:
     """The score scale: ``1/sqrt(D)`` when ``scale`` is None, else ``scale`` (a positive finite number)."""
     if scale is None:
         return 1.0 / math.sqrt(D)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
-        raise ValueError(f"scale must be a positive finite number (default 1/sqrt(d_k)), got {scale!r}")
-    return float(scale)
+    return float(check_range(scale, "scale", 0.0, low_open=True))
 
 
-def causal_mask(T_q: int, T_k: int | None = None, device=None) -> Bool[Tensor, "T_q T_k"]:
+CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
+
+
+def _check_alignment(alignment: str) -> None:
+    if alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"the causal alignment must be 'bottom_right' (last query sees the last key, "
+                         f"FlashAttention-2) or 'top_left' (query i sees keys j <= i, torch's is_causal), "
+                         f"got {alignment!r}")
+
+
+def causal_mask(T_q: int, T_k: int | None = None, device=None, alignment: str = "bottom_right"
+                ) -> Bool[Tensor, "T_q T_k"]:
     r"""Boolean causal mask, ``True`` where query ``i`` may attend to key ``j``: :math:`j \le i + T_k - T_q`.
 
     The catalogue writes it additively, :math:`M_{ij} = 0` for :math:`j \le i` and :math:`-\infty`
-    otherwise; with ``T_k > T_q`` (a KV cache) the last query is aligned with the last key.
+    otherwise. When ``T_q != T_k`` the ``alignment`` decides which query and key share a position:
+    ``"bottom_right"`` (default; FlashAttention-2, a KV cache) aligns the last query with the last key,
+    :math:`j \le i + T_k - T_q`; ``"top_left"`` (``F.scaled_dot_product_attention(is_causal=True)``)
+    aligns the first ones, :math:`j \le i`. The two agree when ``T_q == T_k``.
 
     >>> causal_mask(3).int()
     tensor([[1, 0, 0],
@@ -101,14 +131,15 @@ def causal_mask(T_q: int, T_k: int | None = None, device=None) -> Bool[Tensor, "
             [1, 1, 1]], dtype=torch.int32)
     >>> causal_mask(1, 3).int()  # one new token sees the whole cache
     tensor([[1, 1, 1]], dtype=torch.int32)
+    >>> causal_mask(1, 3, alignment="top_left").int()  # the first query sees the first key only
+    tensor([[1, 0, 0]], dtype=torch.int32)
     """
     T_k = T_q if T_k is None else T_k
-    for n, x in (("T_q", T_q), ("T_k", T_k)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{n} must be a positive int, got {x!r}")
+    T_q, T_k = check_positive_int(T_q, "T_q"), check_positive_int(T_k, "T_k")
+    _check_alignment(alignment)
     i = torch.arange(T_q, device=device).unsqueeze(-1)
     j = torch.arange(T_k, device=device)
-    return j <= i + (T_k - T_q)
+    return j <= i + (T_k - T_q if alignment == "bottom_right" else 0)
 
 
 def masked_softmax(scores: Float[Tensor, "... T_k"], allowed: Bool[Tensor, "... T_k"] | None = None
@@ -116,18 +147,30 @@ def masked_softmax(scores: Float[Tensor, "... T_k"], allowed: Bool[Tensor, "... 
     r"""Softmax over the last axis restricted to ``allowed`` entries; a row with none allowed is all zeros.
 
     Masking happens *before* the softmax (blocked scores become :math:`-\infty`), so blocked keys get
-    exactly zero weight and the rest are renormalised among themselves.
+    exactly zero weight and the rest are renormalised among themselves. ``scores`` is a floating
+    tensor ``(..., T_k)``; ``allowed`` a bool tensor that broadcasts *to* its shape (``True`` = keep).
+    fp16 / bf16 scores are exponentiated and summed in float32 and the weights returned in their dtype.
 
     >>> masked_softmax(torch.tensor([[0.0, 0.0, 5.0]]), torch.tensor([[True, True, False]]))
     tensor([[0.5000, 0.5000, 0.0000]])
     """
+    check_floating(scores, "scores")
+    if scores.ndim < 1:
+        raise ValueError("scores must have shape (..., T_k), got a 0-d tensor")
+    dtype, scores = scores.dtype, upcast_half(scores)
     if allowed is not None:
+        if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool:
+            raise TypeError(f"allowed must be a bool tensor (True = may attend), got "
+                            f"{allowed.dtype if isinstance(allowed, Tensor) else type(allowed).__name__}")
+        check_broadcastable_to(allowed, scores.shape, "allowed", "the scores")
         scores = scores.masked_fill(~allowed, NEG_INF)
+    if scores.shape[-1] == 0:  # T_k = 0: no key to weight, each row is empty (as torch.softmax gives)
+        return restore_half(torch.zeros_like(scores), dtype)
     m = scores.amax(-1, keepdim=True)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # fully masked row: avoid -inf - -inf
     e = (scores - m).exp()
     den = e.sum(-1, keepdim=True)
-    return e / torch.where(den > 0, den, torch.ones_like(den))
+    return restore_half(e / torch.where(den > 0, den, torch.ones_like(den)), dtype)
 
 
 def repeat_kv(x: Float[Tensor, "B H_kv T D"], n_rep: int) -> Float[Tensor, "B H T D"]:
@@ -138,8 +181,8 @@ def repeat_kv(x: Float[Tensor, "B H_kv T D"], n_rep: int) -> Float[Tensor, "B H 
     >>> repeat_kv(torch.tensor([[[[1.0]], [[2.0]]]]), 2).flatten().tolist()
     [1.0, 1.0, 2.0, 2.0]
     """
-    if isinstance(n_rep, bool) or not isinstance(n_rep, int) or n_rep < 1:
-        raise ValueError(f"n_rep must be a positive int, got {n_rep!r}")
+    x = as_tensor(x, "x")
+    n_rep = check_positive_int(n_rep, "n_rep")
     if x.ndim != 4:
         raise ValueError(f"x must have shape (B, H_kv, T, D), got {tuple(x.shape)}")
     return x.repeat_interleave(n_rep, dim=1)
@@ -154,10 +197,7 @@ def _mask_tensor(mask, shape: tuple[int, ...], squeeze: bool) -> Tensor:
         raise TypeError(f"mask must be bool (True = attend) or floating (additive), got dtype {mask.dtype}")
     if squeeze and mask.ndim == 3:  # (B, T_q, T_k) for head-less inputs
         mask = mask.unsqueeze(1)
-    try:
-        torch.broadcast_shapes(mask.shape, shape)
-    except RuntimeError as err:
-        raise ValueError(f"mask {tuple(mask.shape)} must broadcast to (B, H, T_q, T_k) = {shape}") from err
+    check_broadcastable_to(mask, shape, "mask", "the scores (B, H, T_q, T_k) =")
     if mask.is_floating_point() and (torch.isnan(mask).any() or torch.isposinf(mask).any()):
         raise ValueError("a floating mask must not contain NaN or +inf (use -inf to block)")
     return mask
@@ -174,6 +214,7 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     dropout_p: float = 0.0,
     generator: torch.Generator | None = None,
+    causal_alignment: str = "bottom_right",
 ):
     r"""Scaled dot-product attention, optionally causal.
 
@@ -181,12 +222,17 @@ def scaled_dot_product_attention(
 
     ``q, k, v`` are :math:`Q, K, V`; ``scale`` is :math:`1/\sqrt{d_k}` by default. :math:`M` collects
     the masks: ``mask`` (bool, ``True`` = attend; or float, added) and, with ``is_causal``, the causal
-    mask :math:`M_{ij} = -\infty` for :math:`j > i` (bottom-right aligned when ``T_q != T_k``; both
-    masks may be given, and a key must pass both). Masking happens before the softmax.
+    mask :math:`M_{ij} = -\infty` for :math:`j > i` (both masks may be given, and a key must pass both).
+    When ``T_q != T_k``, ``causal_alignment`` places the causal diagonal: ``"bottom_right"`` (default,
+    FlashAttention-2, decoding with a KV cache: query ``i`` sees keys ``j <= i + T_k - T_q``) or
+    ``"top_left"`` (``F.scaled_dot_product_attention(is_causal=True)``: ``j <= i``); see
+    :func:`causal_mask`. Masking happens before the softmax.
 
     Shapes: ``q (B, H, T_q, D)``, ``k (B, H_kv, T_k, D)``, ``v (B, H_kv, T_k, D_v) -> (B, H, T_q, D_v)``;
     with ``H_kv < H`` query head ``h`` uses key/value head ``h // (H / H_kv)`` (grouped-query
-    attention), computed without copying ``k`` and ``v``. Head-less ``(B, T, D)`` inputs work too.
+    attention), computed without copying ``k`` and ``v``. fp16 / bf16 inputs are computed in float32
+    (scores, softmax and the weighted sum: :math:`QK^\top` overflows fp16 once :math:`|q||k| > 65504`)
+    and the output is returned in their dtype, as torch does. Head-less ``(B, T, D)`` inputs work too.
     ``return_weights=True`` also returns the weights ``(B, H, T_q, T_k)``. ``dropout_p`` drops weights
     (training only; the kept ones are scaled by ``1/(1 - dropout_p)``).
 
@@ -200,9 +246,11 @@ def scaled_dot_product_attention(
     B, H, T_q, D = q.shape
     H_kv, T_k = k.shape[1], k.shape[2]
     tau = attention_scale(scale, D)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    check_range(dropout_p, "dropout_p", 0.0, 1.0, high_open=True)
+    _check_alignment(causal_alignment)
     G = H // H_kv  # query heads per key/value head
+    dtype = q.dtype
+    q, k, v = upcast_half(q), upcast_half(k), upcast_half(v)
     # (B, H_kv, G, T_q, D) @ (B, H_kv, 1, D, T_k): each group shares its key head, no copy
     scores = (q.view(B, H_kv, G, T_q, D) @ k.unsqueeze(2).transpose(-1, -2) * tau).view(B, H, T_q, T_k)
     allowed = None
@@ -213,7 +261,7 @@ def scaled_dot_product_attention(
         else:
             scores = scores + m.to(scores.dtype)
     if is_causal:
-        c = causal_mask(T_q, T_k, device=q.device)
+        c = causal_mask(T_q, T_k, device=q.device, alignment=causal_alignment)
         allowed = c if allowed is None else allowed & c
     weights = masked_softmax(scores, allowed)
     used = weights
@@ -221,6 +269,7 @@ def scaled_dot_product_attention(
         keep = torch.rand(weights.shape, generator=generator, dtype=weights.dtype, device=weights.device) >= dropout_p
         used = weights * keep / (1.0 - dropout_p)
     out = (used.view(B, H_kv, G, T_q, T_k) @ v.unsqueeze(2)).view(B, H, T_q, v.shape[-1])
+    out, weights = restore_half(out, dtype), restore_half(weights, dtype)
     if squeeze:
         out, weights = out.squeeze(1), weights.squeeze(1)
     return (out, weights) if return_weights else out
@@ -254,10 +303,17 @@ class MultiHeadAttention(nn.Module):
     ``k_proj, v_proj (C -> H_kv D)`` and ``o_proj (H D -> C)`` are named as in Llama so that weights
     copy over from ``transformers``. ``W_h^Q`` is rows ``h D .. (h+1) D`` of ``q_proj.weight``.
 
-    ``forward(x, context=None, mask=None, is_causal=False, rope=None)``: ``x (B, T, C) -> (B, T, C)``.
-    ``context (B, S, C)`` makes it cross-attention (keys and values from ``context``). ``mask`` is
-    broadcastable to ``(B, H, T, S)`` with ``True`` = attend. ``rope = (cos, sin)``, each ``(T, D)``,
-    rotates queries and keys after the head split with :func:`llmbook.lm.positions.apply_rope`.
+    ``forward(x, context=None, mask=None, is_causal=False, rope=None, causal_alignment="bottom_right")``:
+    ``x (B, T, C) -> (B, T, C)``. ``context (B, S, C)`` makes it cross-attention (keys and values from
+    ``context``). ``mask`` is broadcastable to ``(B, H, T, S)`` with ``True`` = attend;
+    ``causal_alignment`` places the causal diagonal when ``T != S`` (see :func:`causal_mask`).
+    ``rope = (cos, sin)`` from :func:`llmbook.lm.rope.rope_cos_sin`, each ``(T, D)`` (positions
+    shared by the batch) or ``(B, T, D)`` (one row of positions per sequence), rotates queries and keys
+    after the head split with :func:`llmbook.lm.rope.apply_rope`. ``rope_layout`` says which
+    channels of a head form a rotated pair: ``"half"`` (default; ``(j, j + D/2)``, Hugging Face Llama) or
+    ``"interleaved"`` (``(2j, 2j+1)``, the RoFormer paper and Meta's Llama code). It must match the
+    checkpoint's ``q_proj``/``k_proj`` rows; :func:`llmbook.lm.rope.interleaved_to_half_weight`
+    converts them.
 
     >>> mha = MultiHeadAttention(d_model=8, n_heads=2)
     >>> mha(torch.zeros(3, 5, 8), is_causal=True).shape
@@ -265,18 +321,15 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = False,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, rope_layout: str = "half"):
         super().__init__()
+        self.rope_layout = check_rope_layout(rope_layout)
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        for name, x in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-                raise ValueError(f"{name} must be a positive int, got {x!r}")
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        d_model, n_heads, n_kv_heads = (check_positive_int(x, name) for name, x in
+                                        (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)))
+        check_divisible(d_model, n_heads, "d_model", "n_heads")
+        check_divisible(n_heads, n_kv_heads, "n_heads", "n_kv_heads")
+        check_range(dropout, "dropout", 0.0, 1.0, high_open=True)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
@@ -290,15 +343,14 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
 
     def forward(self, x: Float[Tensor, "B T C"], context: Float[Tensor, "B S C"] | None = None,
-                mask: Tensor | None = None, is_causal: bool = False, rope=None) -> Float[Tensor, "B T C"]:
-        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (B, T, d_model = {self.d_model}), got "
-                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+                mask: Tensor | None = None, is_causal: bool = False, rope=None,
+                causal_alignment: str = "bottom_right") -> Float[Tensor, "B T C"]:
+        x = check_module_input(self, x, d=self.d_model, ndim=3, contract="(B, T, d_model)")
         src = x if context is None else context
-        if context is not None and (not isinstance(context, Tensor) or context.ndim != 3
-                                    or context.shape[0] != x.shape[0] or context.shape[-1] != self.d_model):
-            raise ValueError(f"context must have shape (B = {x.shape[0]}, S, d_model = {self.d_model}), got "
-                             f"{tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__}")
+        if context is not None:
+            check_module_input(self, context, "context", d=self.d_model, ndim=3, contract="(B, S, d_model)")
+            if context.shape[0] != x.shape[0]:
+                raise ValueError(f"context must have shape (B = {x.shape[0]}, S, d_model), got {tuple(context.shape)}")
         q = self._heads(self.q_proj(x), self.n_heads)
         k = self._heads(self.k_proj(src), self.n_kv_heads)
         v = self._heads(self.v_proj(src), self.n_kv_heads)
@@ -306,16 +358,17 @@ class MultiHeadAttention(nn.Module):
             if context is not None:
                 raise ValueError("rope applies to self-attention only (queries and keys share positions); "
                                  "got rope together with a cross-attention context")
-            from llmbook.lm.positions import apply_rope  # written alongside; imported only when used
-
             cos, sin = rope
-            T = x.shape[1]
-            if cos.shape != (T, self.head_dim) or sin.shape != (T, self.head_dim):
-                raise ValueError(f"rope (cos, sin) must each have shape (T, D) = ({T}, {self.head_dim}), got "
-                                 f"{tuple(cos.shape)} and {tuple(sin.shape)}")
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            B, T = x.shape[:2]
+            shapes = ((T, self.head_dim), (B, T, self.head_dim))
+            if tuple(cos.shape) not in shapes or sin.shape != cos.shape:
+                raise ValueError(f"rope (cos, sin) must each have shape (T, D) = ({T}, {self.head_dim}) or "
+                                 f"(B, T, D) = ({B}, {T}, {self.head_dim}), got {tuple(cos.shape)} and "
+                                 f"{tuple(sin.shape)}")
+            q, k = apply_rope(q, cos, sin, self.rope_layout), apply_rope(k, cos, sin, self.rope_layout)
         o = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
-                                         dropout_p=self.dropout if self.training else 0.0)
+                                         dropout_p=self.dropout if self.training else 0.0,
+                                         causal_alignment=causal_alignment)
         B, _, T, _ = o.shape
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -354,8 +407,9 @@ class GroupedQueryAttention(MultiHeadAttention):
     torch.Size([8, 16])
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool = False, dropout: float = 0.0):
-        super().__init__(d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout)
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool = False, dropout: float = 0.0,
+                 rope_layout: str = "half"):
+        super().__init__(d_model, n_heads, n_kv_heads, bias=bias, dropout=dropout, rope_layout=rope_layout)
 
 
 @implements("03.05")
@@ -368,5 +422,6 @@ class MultiQueryAttention(GroupedQueryAttention):
     torch.Size([4, 16])
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = False, dropout: float = 0.0):
-        super().__init__(d_model, n_heads, 1, bias=bias, dropout=dropout)
+    def __init__(self, d_model: int, n_heads: int, bias: bool = False, dropout: float = 0.0,
+                 rope_layout: str = "half"):
+        super().__init__(d_model, n_heads, 1, bias=bias, dropout=dropout, rope_layout=rope_layout)

@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor, check_dim, check_range, check_same_shape
+from llmbook._checks import as_tensor, check_dim, check_module_input, check_positive_int, check_range, check_same_shape
 from llmbook.lm.activations import ACTIVATIONS
 from llmbook.lm.norms import LayerNorm
 from llmbook.registry import implements
@@ -38,12 +38,6 @@ __all__ = [
 
 NormFactory = Callable[[int], nn.Module]
 
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 # --------------------------------------------------------------------------- 02.07 feed-forward network
@@ -69,8 +63,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str | Callable[[Tensor], Tensor] = "gelu",
                  bias: bool = True, dropout: float = 0.0):
         super().__init__()
-        _positive_int(d_model, "d_model")
-        _positive_int(d_ff, "d_ff")
+        d_model, d_ff = check_positive_int(d_model, "d_model"), check_positive_int(d_ff, "d_ff")
         if isinstance(activation, str):
             if activation not in ACTIVATIONS:
                 raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)} or a callable, got {activation!r}")
@@ -85,8 +78,7 @@ class FeedForward(nn.Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (..., d_model) = (..., {self.d_model}), got {tuple(x.shape)}")
+        x = check_module_input(self, x, d=self.d_model)
         return self.w2(self.drop(self.phi(self.w1(x))))
 
     def extra_repr(self) -> str:
@@ -206,7 +198,7 @@ def linear_decay_survival(L: int, p_L: float = 0.5) -> list[float]:
     >>> linear_decay_survival(4, 0.5)
     [0.875, 0.75, 0.625, 0.5]
     """
-    _positive_int(L, "L")
+    L = check_positive_int(L, "L")
     check_range(p_L, "p_L", 0.0, 1.0, low_open=True)
     return [1 - l / L * (1 - p_L) for l in range(1, L + 1)]
 
@@ -220,7 +212,7 @@ class _Block(nn.Module):
     def __init__(self, d_model: int, attn: nn.Module, mlp: nn.Module, norm: NormFactory = LayerNorm,
                  dropout: float = 0.0, p_survive: float = 1.0):
         super().__init__()
-        self.d_model = _positive_int(d_model, "d_model")
+        self.d_model = check_positive_int(d_model, "d_model")
         for name, sub in (("attn", attn), ("mlp", mlp)):
             if not callable(sub):
                 raise TypeError(f"{name} must be a module (or callable) mapping (B, T, d_model) to itself")
@@ -237,10 +229,7 @@ class _Block(nn.Module):
         return stochastic_depth(h, self.drop(branch), self.p_survive, self.training)
 
     def _check(self, h: Tensor) -> Tensor:
-        h = as_tensor(h, "h")
-        if h.ndim != 3 or h.shape[-1] != self.d_model:
-            raise ValueError(f"h must have shape (B, T, d_model) = (B, T, {self.d_model}), got {tuple(h.shape)}")
-        return h
+        return check_module_input(self, h, "h", d=self.d_model, ndim=3, contract="(B, T, d_model)")
 
 
 @implements("02.05")

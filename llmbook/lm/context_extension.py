@@ -11,7 +11,7 @@ methods here change the frequencies so that ``L_target = s * L_train`` tokens st
 * YaRN keeps high frequencies, interpolates low ones fully, ramps in between, and sharpens the softmax.
 
 Every function returns ``(inv_freq, attention_factor)`` like ``transformers``' ``ROPE_INIT_FUNCTIONS``:
-``inv_freq`` goes to :func:`llmbook.lm.positions.rope_cos_sin`, and ``cos, sin`` are multiplied by
+``inv_freq`` goes to :func:`llmbook.lm.rope.rope_cos_sin`, and ``cos, sin`` are multiplied by
 ``attention_factor`` (so scores grow by its square).
 """
 
@@ -23,8 +23,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from llmbook._checks import as_tensor, check_dim, check_range
-from llmbook.lm.positions import apply_rope, rope_cos_sin, rope_inv_freq
+from llmbook._checks import (
+    as_tensor,
+    check_dim,
+    check_int,
+    check_nonempty,
+    check_nonnegative_int,
+    check_positive_int,
+    check_range,
+    check_same_dtype,
+)
+from llmbook._precision import restore_half, upcast_half
+from llmbook.lm.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from llmbook.registry import implements
 
 __all__ = [
@@ -52,11 +62,6 @@ def _check_factor(factor: float, name: str = "factor") -> None:
     check_range(factor, name, 1.0, math.inf)
 
 
-def _check_length(L: int, name: str) -> None:
-    if isinstance(L, bool) or not isinstance(L, int) or L <= 0:
-        raise ValueError(f"{name} ({L!r}) must be a positive integer number of tokens")
-
-
 # --------------------------------------------------------------------------- 04.10 position interpolation
 
 
@@ -66,20 +71,19 @@ def position_interpolation(positions: Tensor, L_train: int, L_target: int) -> Fl
 
     Position ``L_target - 1`` lands just below ``L_train``: every angle is one the model has seen,
     at the price of neighbouring tokens sitting ``s = L_target / L_train`` times closer together.
-    Feeding ``m'`` to :func:`~llmbook.lm.positions.rope_cos_sin` equals using :func:`pi_inv_freq`.
+    Feeding ``m'`` to :func:`~llmbook.lm.rope.rope_cos_sin` equals using :func:`pi_inv_freq`.
     Same shape as ``positions`` (float32, or float64 for float64 input).
 
     >>> position_interpolation(torch.tensor([0, 2048, 8191]), 2048, 8192)
     tensor([   0.0000,  512.0000, 2047.7500])
     """
-    _check_length(L_train, "L_train")
-    _check_length(L_target, "L_target")
-    m = torch.as_tensor(positions)
+    check_positive_int(L_train, "L_train")
+    check_positive_int(L_target, "L_target")
+    m = as_tensor(positions, "positions")
     m = m.to(torch.float64 if m.dtype == torch.float64 else torch.float32)
     return m * (L_train / L_target)
 
 
-@implements("04.10")
 def pi_inv_freq(D: int, base: float = 10000.0, factor: float = 1.0) -> tuple[Float[Tensor, " D2"], float]:
     r"""Linear scaling (``transformers`` ``rope_type="linear"``): :math:`\theta_j' = \theta_j / s`.
 
@@ -109,8 +113,8 @@ def ntk_inv_freq(D: int, base: float = 10000.0, alpha: float = 1.0) -> tuple[Flo
     >>> (rope_inv_freq(8) / inv)[[0, -1]]
     tensor([1., 4.])
     """
-    if D <= 2:
-        raise ValueError(f"NTK scaling needs D > 2 (the exponent is D/(D-2)), got D = {D}")
+    D = check_int(D, "D", low=3, what="an int > 2 (NTK's exponent is D/(D-2))")
+    check_range(base, "base", 1.0, math.inf, low_open=True)
     _check_factor(alpha, "alpha")
     return rope_inv_freq(D, base * alpha ** (D / (D - 2))), 1.0
 
@@ -124,8 +128,8 @@ def dynamic_ntk_alpha(seq_len: int, L_train: int, factor: float) -> float:
     >>> dynamic_ntk_alpha(1024, 2048, 4.0), dynamic_ntk_alpha(4096, 2048, 4.0)
     (1.0, 5.0)
     """
-    _check_length(seq_len, "seq_len")
-    _check_length(L_train, "L_train")
+    check_positive_int(seq_len, "seq_len")
+    check_positive_int(L_train, "L_train")
     _check_factor(factor)
     T = max(seq_len, L_train)
     return factor * T / L_train - (factor - 1)
@@ -140,9 +144,15 @@ def yarn_correction_dim(n_rotations: float, D: int, base: float, L_train: int) -
     Solving :math:`L_{train}\,\theta_j = 2\pi n` for :math:`j` gives
     :math:`j = \frac{D\,\ln(L_{train}/(2\pi n))}{2\ln b}`.
 
+    ``n_rotations`` > 0, ``base`` > 1 (so that :math:`\ln b > 0`), ``L_train`` a positive int.
+
     >>> round(yarn_correction_dim(1, 128, 10000.0, 4096), 3)
     45.027
     """
+    check_range(n_rotations, "n_rotations", 0.0, math.inf, low_open=True, high_open=True)
+    check_range(base, "base", 1.0, math.inf, low_open=True, high_open=True)
+    check_positive_int(L_train, "L_train")
+    check_positive_int(D, "D")
     return D * math.log(L_train / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
@@ -152,10 +162,17 @@ def yarn_ramp(D: int, base: float, L_train: int, beta_fast: float = 32.0, beta_s
     in ``L_train`` (keep it), 1 where it turns fewer than ``beta_slow`` times (interpolate it), linear between.
 
     ``truncate`` rounds the two boundaries outwards to whole pairs (the ``transformers`` default).
+    Contract: ``beta_fast > beta_slow > 0`` (the fast boundary sits at a lower pair index than the slow
+    one; swapped values would invert the ramp) and ``base > 1``.
 
     >>> yarn_ramp(8, 10000.0, 64, beta_fast=4, beta_slow=1)
     tensor([0.0000, 0.5000, 1.0000, 1.0000])
     """
+    check_range(beta_slow, "beta_slow", 0.0, math.inf, low_open=True, high_open=True)
+    check_range(beta_fast, "beta_fast", 0.0, math.inf, low_open=True, high_open=True)
+    if not beta_fast > beta_slow:
+        raise ValueError(f"beta_fast ({beta_fast}) must be greater than beta_slow ({beta_slow}): pairs turning more "
+                         f"than beta_fast times in L_train are kept, fewer than beta_slow times interpolated")
     lo = yarn_correction_dim(beta_fast, D, base, L_train)
     hi = yarn_correction_dim(beta_slow, D, base, L_train)
     if truncate:
@@ -194,7 +211,9 @@ def yarn_inv_freq(D: int, base: float = 10000.0, factor: float = 1.0, L_train: i
     (tensor([1.0000, 1.6000, 4.0000, 4.0000]), 1.1386)
     """
     _check_factor(factor)
-    _check_length(L_train, "L_train")
+    check_positive_int(L_train, "L_train")
+    if attention_factor is not None:
+        check_range(attention_factor, "attention_factor", 0.0, math.inf, low_open=True)
     theta = rope_inv_freq(D, base)
     r = yarn_ramp(D, base, L_train, beta_fast, beta_slow, truncate)
     inv_freq = (theta / factor) * r + theta * (1 - r)
@@ -233,13 +252,14 @@ def rope_scores_by_distance(q: Float[Tensor, " D"], k: Float[Tensor, " D"], dist
                             base: float = 10000.0) -> Float[Tensor, " N"]:
     r"""The RoPE score :math:`a^2\,(R_0 q)^\top (R_\Delta k)` of one query and key at each distance :math:`\Delta`.
 
-    Half-split layout (:func:`~llmbook.lm.positions.apply_rope`); ``a`` is ``attention_factor``, which
+    Half-split layout (:func:`~llmbook.lm.rope.apply_rope`); ``a`` is ``attention_factor``, which
     multiplies both ``cos`` and ``sin`` and so the score by :math:`a^2`. Shape ``(D,), (D,), (N,) -> (N,)``.
 
     >>> rope_scores_by_distance(torch.ones(4), torch.ones(4), torch.tensor([0])).item()
     4.0
     """
     q, k = as_tensor(q, "q"), as_tensor(k, "k")
+    check_range(attention_factor, "attention_factor", 0.0, math.inf, low_open=True)
     check_dim(q, "q", "(D,)", max_dim=1)
     if q.shape != k.shape:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must both be (D,)")
@@ -259,8 +279,8 @@ def unseen_angle_pairs(inv_freq: Tensor, L_train: int, L_target: int, base: floa
     >>> unseen_angle_pairs(rope_inv_freq(8), 2048, 8192)  # only the slowest pair never finished a turn
     tensor([False, False, False,  True])
     """
-    _check_length(L_train, "L_train")
-    _check_length(L_target, "L_target")
+    check_positive_int(L_train, "L_train")
+    check_positive_int(L_target, "L_target")
     D = 2 * inv_freq.shape[-1]
     theta = rope_inv_freq(D, base).double()
     seen = torch.clamp(L_train * theta, max=2 * math.pi)
@@ -283,7 +303,8 @@ def attention_sink_scores(q: Float[Tensor, "... T D"], k: Float[Tensor, "... T_k
     tokens, which every query can see. Dropping those keys (a plain sliding window) moves that mass
     onto the others and breaks the model; StreamingLLM keeps them (:func:`streaming_mask`).
     ``causal`` masks keys after each query (queries are the last ``T`` of ``T_k``). Returns
-    ``(alpha (..., T, T_k), sink (..., T))``.
+    ``(alpha (..., T, T_k), sink (..., T))``; fp16 / bf16 inputs are computed in float32 and the
+    results returned in their dtype.
 
     >>> a, s = attention_sink_scores(torch.zeros(3, 2), torch.zeros(3, 2))
     >>> s
@@ -292,19 +313,20 @@ def attention_sink_scores(q: Float[Tensor, "... T D"], k: Float[Tensor, "... T_k
     q, k = as_tensor(q, "q"), as_tensor(k, "k")
     check_dim(q, "q", "(..., T, D)", min_dim=2)
     check_dim(k, "k", "(..., T_k, D)", min_dim=2)
+    check_same_dtype(q, k, "q", "k")
+    check_nonempty(q, "q")  # D = 0: the scores 0 / sqrt(0) are undefined
     T, D = q.shape[-2:]
     T_k = k.shape[-2]
     if k.shape[-1] != D or T_k < T:
         raise ValueError(f"q (..., T, D) = {tuple(q.shape)} and k (..., T_k, D) = {tuple(k.shape)} need the same D "
                          f"and T_k >= T")
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or not 0 <= n_sink <= T_k:
-        raise ValueError(f"n_sink ({n_sink!r}) must be an integer in [0, T_k] = [0, {T_k}]")
-    z = q @ k.transpose(-1, -2) / math.sqrt(D)
+    n_sink = check_int(n_sink, "n_sink", low=0, high=T_k, what=f"an int in [0, T_k] = [0, {T_k}]")
+    z = upcast_half(q) @ upcast_half(k).transpose(-1, -2) / math.sqrt(D)
     if causal:
         i = torch.arange(T_k - T, T_k)[:, None]
         z = z.masked_fill(torch.arange(T_k)[None, :] > i, float("-inf"))
     alpha = torch.softmax(z, dim=-1)
-    return alpha, alpha[..., :n_sink].sum(-1)
+    return restore_half(alpha, q.dtype), restore_half(alpha[..., :n_sink].sum(-1), q.dtype)
 
 
 def streaming_mask(T: int, n_sink: int = 4, window: int = 256) -> torch.Tensor:
@@ -319,8 +341,8 @@ def streaming_mask(T: int, n_sink: int = 4, window: int = 256) -> torch.Tensor:
             [1, 0, 1, 1, 0],
             [1, 0, 0, 1, 1]], dtype=torch.int32)
     """
-    if n_sink < 0 or window < 1 or T < 0:
-        raise ValueError(f"need T >= 0, n_sink >= 0 and window >= 1; got T={T}, n_sink={n_sink}, window={window}")
+    T, n_sink = check_nonnegative_int(T, "T"), check_nonnegative_int(n_sink, "n_sink")
+    window = check_positive_int(window, "window")
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     return (j <= i) & ((j < n_sink) | (j > i - window))

@@ -17,7 +17,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from llmbook._checks import as_tensor, check_dim, check_finite, check_nonempty, check_range
+from llmbook._checks import as_tensor, check_dim, check_finite, check_int, check_nonempty, check_range
+from llmbook._precision import upcast_half
 from llmbook.lm.probability import entropy, log_softmax, softmax
 from llmbook.registry import implements
 
@@ -55,14 +56,6 @@ def _tau(tau) -> float:
     return tau
 
 
-def _int(value, name: str, low: int, high: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must lie in [{low}, {high}] ({what}), got {value}")
-    return value
-
-
 @implements("09.01")
 def greedy(logits: Float[Tensor, "... V"]) -> Int[Tensor, "..."]:
     r"""Greedy decoding :math:`x_t = \arg\max_i p_\theta(i \mid x_{1:t-1})`.
@@ -83,7 +76,11 @@ def apply_temperature(logits: Float[Tensor, "... V"], tau: float) -> Float[Tenso
     ``tau`` is :math:`\tau \in [0, \infty)`: ``tau < 1`` sharpens, ``tau = 1`` leaves the distribution
     unchanged, ``tau -> inf`` tends to uniform. ``tau = 0`` is the limit, greedy decoding: every
     logit but the argmax becomes ``-inf`` (the argmax keeps its value; on ties the *first* index
-    wins, as :func:`torch.argmax`). Nothing is ever divided by zero. Shape ``(..., V) -> (..., V)``.
+    wins, as :func:`torch.argmax`). Nothing is ever divided by zero. fp16 / bf16 logits are divided in
+    float32. When :math:`z/\tau` would overflow the logits' dtype (``[100., 99.]`` in fp16 at
+    ``tau = 1e-3``: both ``inf``, a false tie), that row is returned shifted by its maximum,
+    :math:`(z - \max z)/\tau` (computed in float64): the same distribution, the argmax at 0 and the
+    other tokens at large negative values or ``-inf``. Shape ``(..., V) -> (..., V)``.
 
     >>> apply_temperature(torch.tensor([1.0, 2.0, 4.0]), 2.0)
     tensor([0.5000, 1.0000, 2.0000])
@@ -95,7 +92,12 @@ def apply_temperature(logits: Float[Tensor, "... V"], tau: float) -> Float[Tenso
     if tau == 0:
         keep = torch.zeros_like(z, dtype=torch.bool).scatter(-1, z.argmax(-1, keepdim=True), True)
         return z.masked_fill(~keep, NEG_INF)
-    return z / tau
+    h = upcast_half(z) / tau
+    over = (torch.isfinite(z) & ~(h.abs() <= torch.finfo(z.dtype).max)).any(-1, keepdim=True)
+    if over.any():  # softmax is shift-invariant: subtract the row maximum before dividing
+        shifted = (z.double() - z.double().amax(-1, keepdim=True)) / tau
+        h = torch.where(over, shifted.to(h.dtype), h)
+    return h.to(z.dtype)
 
 
 @implements("09.03")
@@ -111,7 +113,7 @@ def top_k_filter(logits: Float[Tensor, "... V"], k: int) -> Float[Tensor, "... V
     """
     z = _logits(logits)
     V = z.shape[-1]
-    _int(k, "k", 1, V, f"V = {V} is the vocabulary size")
+    k = check_int(k, "k", low=1, high=V, what=f"an int in [1, V] = [1, {V}] (V is the vocabulary size)")
     kth = z.topk(k, dim=-1).values[..., -1:]
     return z.masked_fill(z < kth, NEG_INF)
 
@@ -155,8 +157,8 @@ def typical_filter(logits: Float[Tensor, "... V"], mass: float) -> Float[Tensor,
     most typical token always survives. Unlike the other warpers this one can remove the argmax
     (when it is far more probable than the entropy suggests: ``p = [0.4] + [0.06] * 10`` with
     ``mass = 0.25`` keeps the ten 0.06 tokens, tied in distance, and drops the 0.4 one).
-    ``mass`` is in :math:`(0, 1]` (``1`` keeps everything).
-    Entropy in nats. Shape ``(..., V) -> (..., V)``.
+    ``mass`` is in :math:`(0, 1]` (``1`` keeps everything). The distribution, entropy and distances
+    of fp16 / bf16 logits are computed in float32. Entropy in nats. Shape ``(..., V) -> (..., V)``.
 
     >>> z = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.125]))  # H = 1.2130 nats
     >>> typical_filter(z, 0.5)  # d = [0.52, 0.17, 0.87, 0.87]: keep 0.25, then 0.5 (mass 0.75)
@@ -166,7 +168,7 @@ def typical_filter(logits: Float[Tensor, "... V"], mass: float) -> Float[Tensor,
     check_range(mass, "mass", 0.0, 1.0, low_open=True)
     if mass == 1:
         return z.clone()
-    logp = log_softmax(z)
+    logp = log_softmax(upcast_half(z))
     probs = logp.exp()
     d = (-logp - entropy(probs).unsqueeze(-1)).abs()  # -inf logits: d = inf, ranked last
     sorted_d, idx = torch.sort(d, dim=-1, stable=True)
@@ -191,7 +193,6 @@ def min_p_filter(logits: Float[Tensor, "... V"], alpha: float) -> Float[Tensor, 
     return z.masked_fill(probs < alpha * probs.amax(-1, keepdim=True), NEG_INF)
 
 
-@implements("09.02")
 def sample(
     logits: Float[Tensor, "... V"],
     tau: float = 1.0,
@@ -228,7 +229,7 @@ def sample(
         z = min_p_filter(z, min_p)
     if typical_p is not None:
         z = typical_filter(z, typical_p)
-    probs = softmax(z).reshape(-1, z.shape[-1])
+    probs = softmax(upcast_half(z)).reshape(-1, z.shape[-1])
     return torch.multinomial(probs, 1, generator=generator).reshape(z.shape[:-1])
 
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from llmbook._checks import as_tensor, check_dim, check_int, check_positive_int, check_same_dtype, check_size
+from llmbook._precision import compute_dtype, restore_half, upcast_half
 from llmbook.lm.attention import (
     attention_scale,
     causal_mask,
@@ -52,10 +54,20 @@ FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def _inputs(q, k, v):
-    """Validated 4-D ``q, k, v`` with the key/value heads repeated to ``H`` (GQA)."""
+    """Validated 4-D ``q, k, v`` with the key/value heads repeated to ``H`` (GQA), plus ``squeeze`` and the dtype.
+
+    fp16 / bf16 come back in float32: feature maps, kernel sums and scores overflow fp16 at
+    :math:`|q|, |k| \approx 300` (:func:`_output` rounds the result back).
+    """
     q4, k4, v4, squeeze = check_attention_inputs(q, k, v)
     G = q4.shape[1] // k4.shape[1]
-    return q4, repeat_kv(k4, G), repeat_kv(v4, G), squeeze
+    return upcast_half(q4), upcast_half(repeat_kv(k4, G)), upcast_half(repeat_kv(v4, G)), squeeze, q4.dtype
+
+
+def _output(out: Tensor, squeeze: bool, dtype: torch.dtype) -> Tensor:
+    """The result in the inputs' dtype and shape (head axis dropped for head-less inputs)."""
+    out = restore_half(out, dtype)
+    return out.squeeze(1) if squeeze else out
 
 
 def _feature_map(feature_map) -> Callable[[Tensor], Tensor]:
@@ -103,10 +115,10 @@ def linear_attention(
              [1., 1.],
              [1., 1.]]])
     """
-    q4, k4, v4, squeeze = _inputs(q, k, v)
+    q4, k4, v4, squeeze, dtype = _inputs(q, k, v)
     phi = _feature_map(feature_map)
     out = _kernel_attention(phi(q4), phi(k4), v4, causal)
-    return out.squeeze(1) if squeeze else out
+    return _output(out, squeeze, dtype)
 
 
 def linear_attention_recurrent(
@@ -126,7 +138,7 @@ def linear_attention_recurrent(
     >>> linear_attention_recurrent(q, k, v).shape
     torch.Size([1, 3, 2])
     """
-    q4, k4, v4, squeeze = _inputs(q, k, v)
+    q4, k4, v4, squeeze, dtype = _inputs(q, k, v)
     B, H, T, _ = q4.shape
     if k4.shape[2] != T:
         raise ValueError(f"the recurrent form is self-attention: T_q ({T}) must equal T_k ({k4.shape[2]})")
@@ -141,7 +153,7 @@ def linear_attention_recurrent(
         num = (phi_q[:, :, t, :, None] * S).sum(-2)
         outs.append(_safe_div(num, (phi_q[:, :, t] * z).sum(-1)))
     out = torch.stack(outs, dim=2)
-    return out.squeeze(1) if squeeze else out
+    return _output(out, squeeze, dtype)
 
 
 def random_features(m: int, D: int, orthogonal: bool = True, generator: torch.Generator | None = None,
@@ -155,9 +167,7 @@ def random_features(m: int, D: int, orthogonal: bool = True, generator: torch.Ge
     >>> random_features(3, 4, generator=torch.Generator().manual_seed(0)).shape
     torch.Size([3, 4])
     """
-    for name, x in (("m", m), ("D", D)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    m, D = check_positive_int(m, "m"), check_positive_int(D, "D")
     if not orthogonal:
         return torch.randn(m, D, generator=generator, dtype=dtype)
     n_blocks = math.ceil(m / D)
@@ -177,17 +187,22 @@ def favor_features(x: Float[Tensor, "... D"], omega: Float[Tensor, "m D"]) -> Fl
 
     ``omega`` holds the :math:`m` directions :math:`\omega_r \sim N(0, I_D)` (:func:`random_features`).
     For i.i.d. directions the estimate's variance is :math:`e^{2q^\top k}(e^{\|q + k\|^2} - 1)/m`.
-    Every feature is positive, so attention weights built from them are never negative.
+    Every feature is positive, so attention weights built from them are never negative. ``x`` and
+    ``omega`` share one dtype; fp16 / bf16 are computed in float32 (:math:`\|x\|^2` overflows fp16 at
+    :math:`|x| \approx 256`) and the features returned in their dtype.
 
     >>> omega = torch.zeros(4, 2)  # degenerate directions: phi(x) = exp(-|x|^2 / 2) / 2 in every slot
     >>> favor_features(torch.tensor([0.0, 0.0]), omega)
     tensor([0.5000, 0.5000, 0.5000, 0.5000])
     """
-    if x.shape[-1] != omega.shape[-1] or omega.ndim != 2:
+    x, omega = as_tensor(x, "x"), as_tensor(omega, "omega")
+    if x.ndim == 0 or omega.ndim != 2 or x.shape[-1] != omega.shape[-1]:
         raise ValueError(f"x (..., D) {tuple(x.shape)} and omega (m, D) {tuple(omega.shape)} must share D")
+    check_same_dtype(x, omega, "x", "omega")
+    dtype, x, omega = x.dtype, upcast_half(x), upcast_half(omega)  # fp16: |x|^2 and x omega overflow at |x| ~ 256
     m = omega.shape[0]
     log_phi = x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(m)
-    return log_phi.exp()
+    return restore_half(log_phi.exp(), dtype)
 
 
 def performer_attention(
@@ -199,30 +214,49 @@ def performer_attention(
 
     Queries and keys are scaled by :math:`\sqrt{\text{scale}}` (default :math:`d_k^{-1/4}` each, so
     their product carries the usual :math:`1/\sqrt{d_k}`), then mapped by :func:`favor_features`
-    with ``n_features`` directions (or the given ``omega``). For numerical safety each query's features
-    are divided by their largest entry and all keys' by one shared constant; both cancel in the ratio.
+    with ``n_features`` directions (or the given ``omega``). For numerical safety (all in log space,
+    float32 for fp16 / bf16 input) each feature column of the keys is divided by its largest entry,
+    that factor moved onto the queries, and each query's features divided by their largest entry:
+    every factor cancels in the ratio, and every denominator stays at least 1 even when
+    :math:`|q|, |k|` are in the hundreds. A query or key whose :math:`\|x\|^2 \cdot` scale overflows
+    the compute dtype (float32 at :math:`|x| \approx 10^{19}`) raises ``ValueError``: all its features
+    underflow to 0 and the ratio is 0/0.
 
     >>> q = k = v = torch.ones(1, 4, 2)
     >>> performer_attention(q, k, v, n_features=8, generator=torch.Generator().manual_seed(0)).shape
     torch.Size([1, 4, 2])
     """
-    q4, k4, v4, squeeze = _inputs(q, k, v)
+    q4, k4, v4, squeeze, dtype = _inputs(q, k, v)
     D = q4.shape[-1]
     s = math.sqrt(attention_scale(scale, D))
     if omega is None:
         omega = random_features(n_features, D, orthogonal=orthogonal, generator=generator, dtype=q4.dtype)
-    omega = omega.to(q4.device)
+    else:
+        omega = as_tensor(omega, "omega")
+        check_dim(omega, "omega", f"(m, D) with D = {D}", min_dim=2, max_dim=2)
+        check_size(omega, -1, D, "omega", f"(m, D) with D = {D}")
+        if omega.dtype not in (dtype, q4.dtype):  # fp16 / bf16 inputs compute in (and accept) float32
+            allowed = dtype if dtype == q4.dtype else f"{dtype} or {q4.dtype}"
+            raise TypeError(f"omega ({omega.dtype}) must have the dtype of q, k, v ({allowed})")
+    omega = upcast_half(omega.to(q4.device))
     m = omega.shape[0]
     qs, ks = q4 * s, k4 * s
 
-    def log_features(x):
-        return x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(m)
+    def log_features(x, name):
+        sq = (x * x).sum(-1, keepdim=True)
+        if torch.isposinf(sq).any():  # every feature of that row underflows: the ratio would be 0/0
+            raise ValueError(f"{name} is too large for FAVOR+ features in {x.dtype}: |{name}|^2 * scale overflows "
+                             f"(largest |{name}| entry {x.abs().max().item() / s:.3g}), so exp(w.x - |x|^2/2) is 0 "
+                             f"for every feature and the attention ratio is 0/0; scale {name} down or use float64")
+        return x @ omega.T - 0.5 * sq - 0.5 * math.log(m)
 
-    lq, lk = log_features(qs), log_features(ks)
+    lq, lk = log_features(qs, "q"), log_features(ks, "k")
+    c = lk.amax(dim=-2, keepdim=True)  # (B, H, 1, m): each feature's largest key, moved onto the queries
+    lq = lq + c
     phi_q = (lq - lq.amax(-1, keepdim=True)).exp()
-    phi_k = (lk - lk.amax(dim=(-2, -1), keepdim=True)).exp()
+    phi_k = (lk - c).exp()
     out = _kernel_attention(phi_q, phi_k, v4, causal)
-    return out.squeeze(1) if squeeze else out
+    return _output(out, squeeze, dtype)
 
 
 def linformer_projection(T: int, k_dim: int, kind: str = "pool", generator: torch.Generator | None = None,
@@ -239,9 +273,7 @@ def linformer_projection(T: int, k_dim: int, kind: str = "pool", generator: torc
     tensor([[0.5000, 0.5000, 0.0000, 0.0000],
             [0.0000, 0.0000, 0.5000, 0.5000]])
     """
-    for name, x in (("T", T), ("k_dim", k_dim)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    T, k_dim = check_positive_int(T, "T"), check_positive_int(k_dim, "k_dim")
     if kind == "gaussian":
         return torch.randn(k_dim, T, generator=generator, dtype=dtype) / math.sqrt(k_dim)
     if kind != "pool":
@@ -275,18 +307,18 @@ def linformer_attention(
     ...                scaled_dot_product_attention(q, k, v), atol=1e-6)
     True
     """
-    q4, k4, v4, squeeze = _inputs(q, k, v)
+    q4, k4, v4, squeeze, dtype = _inputs(q, k, v)
     F_proj = E if F_proj is None else F_proj
     T_k = k4.shape[2]
+    E, F_proj = as_tensor(E, "E"), as_tensor(F_proj, "F_proj")
     for name, P in (("E", E), ("F_proj", F_proj)):
-        if not isinstance(P, Tensor) or P.ndim not in (2, 3) or P.shape[-1] != T_k \
-                or (P.ndim == 3 and P.shape[0] != q4.shape[1]):
+        if P.ndim not in (2, 3) or P.shape[-1] != T_k or (P.ndim == 3 and P.shape[0] != q4.shape[1]):
             raise ValueError(f"{name} must have shape (k, T_k) or (H, k, T_k) with T_k = {T_k}, H = {q4.shape[1]}, "
-                             f"got {tuple(P.shape) if isinstance(P, Tensor) else type(P).__name__}")
+                             f"got {tuple(P.shape)}")
     K_proj = E.to(k4.device, k4.dtype) @ k4  # (B, H, k, D)
     V_proj = F_proj.to(v4.device, v4.dtype) @ v4
     out = scaled_dot_product_attention(q4, K_proj, V_proj, scale=scale)
-    return out.squeeze(1) if squeeze else out
+    return _output(out, squeeze, dtype)
 
 
 def lsh_rotations(D: int, n_buckets: int, generator: torch.Generator | None = None,
@@ -296,8 +328,10 @@ def lsh_rotations(D: int, n_buckets: int, generator: torch.Generator | None = No
     >>> lsh_rotations(8, 4).shape
     torch.Size([8, 2])
     """
-    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 2 or n_buckets % 2:
-        raise ValueError(f"n_buckets must be an even int >= 2, got {n_buckets!r}")
+    n_buckets = check_int(n_buckets, "n_buckets", low=2, what="an even int >= 2")
+    if n_buckets % 2:
+        raise ValueError(f"n_buckets must be an even int >= 2, got {n_buckets}")
+    D = check_positive_int(D, "D")
     return torch.randn(D, n_buckets // 2, generator=generator, dtype=dtype)
 
 
@@ -313,9 +347,11 @@ def lsh_hash(x: Float[Tensor, "... D"], R: Float[Tensor, "D n_half"]) -> Int[Ten
     >>> lsh_hash(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]), torch.tensor([[1.0], [0.0]]))
     tensor([0, 1])
     """
-    if R.ndim != 2 or x.shape[-1] != R.shape[0]:
+    x, R = as_tensor(x, "x"), as_tensor(R, "R")  # integer input hashes as float: never truncate R
+    if R.ndim != 2 or x.ndim == 0 or x.shape[-1] != R.shape[0]:
         raise ValueError(f"x (..., D) {tuple(x.shape)} and R (D, n_buckets/2) {tuple(R.shape)} must share D")
-    xR = x @ R.to(x.device, x.dtype)
+    dt = compute_dtype(torch.promote_types(x.dtype, R.dtype))  # fp16 / bf16: the projections in float32
+    xR = x.to(dt) @ R.to(x.device, dt)
     return torch.cat([xR, -xR], dim=-1).argmax(-1)
 
 
@@ -336,7 +372,7 @@ def lsh_attention(
     >>> lsh_attention(q, k, v, n_buckets=4, generator=torch.Generator().manual_seed(0))[0, 0]
     tensor([1., 1.])
     """
-    q4, k4, v4, squeeze = _inputs(q, k, v)
+    q4, k4, v4, squeeze, dtype = _inputs(q, k, v)
     B, H, T_q, D = q4.shape
     T_k = k4.shape[2]
     if R is None:
@@ -355,4 +391,4 @@ def lsh_attention(
     if causal:
         valid = valid & (idx <= torch.arange(T_q, device=q4.device).view(T_q, 1) + (T_k - T_q))
     out = gathered_attention(q4, k4, v4, idx, valid, attention_scale(scale, D))
-    return out.squeeze(1) if squeeze else out
+    return _output(out, squeeze, dtype)

@@ -9,6 +9,8 @@ matrix between both ends.
 Shapes: ``B`` batch, ``T`` positions, ``V`` vocabulary, ``d`` (``d_model``) width. Batch-first.
 Matrices follow the equations: ``E`` is ``(V, d)`` and ``W_U`` is ``(d, V)`` (an ``nn.Linear`` stores the
 transpose, ``(V, d)``: :class:`LMHead` keeps that layout, :func:`lm_head` takes the equation's).
+:func:`linear` is the plain affine map in torch's layout, ``y = x W^T + b``, for readers wiring their own
+model from a state dict of ``nn.Linear`` weights.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor, check_dim, check_finite
+from llmbook._checks import (
+    as_tensor,
+    check_dim,
+    check_finite,
+    check_nonnegative_int,
+    check_positive_int,
+    check_range,
+    check_same_dtype,
+    check_token_ids,
+)
 from llmbook.lm.positions import LearnedPositionEmbedding
 from llmbook.registry import implements
 
@@ -26,23 +37,13 @@ __all__ = [
     "embedding_lookup",
     "one_hot_embedding",
     "token_position_embedding",
+    "linear",
     "lm_head",
     "tied_lm_head",
     "TokenEmbedding",
     "TokenPositionEmbedding",
     "LMHead",
 ]
-
-
-def check_token_ids(ids, V: int, name: str = "ids") -> Tensor:
-    """Return ``ids`` as an integer tensor after checking every id lies in ``[0, V)``; raise otherwise."""
-    ids = torch.as_tensor(ids)
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    if ids.numel() and (ids.min() < 0 or ids.max() >= V):
-        raise ValueError(f"{name} must be token ids in [0, V) = [0, {V}), got range "
-                         f"[{ids.min().item()}, {ids.max().item()}]")
-    return ids.long()
 
 
 def _table(M, name: str, contract: str) -> Tensor:
@@ -104,12 +105,38 @@ def token_position_embedding(
         raise ValueError(f"E (V, d) = {tuple(E.shape)} and P (T_max, d) = {tuple(P.shape)} disagree on d")
     ids = check_token_ids(ids, E.shape[0])
     check_dim(ids, "ids", "(B, T)", min_dim=2, max_dim=2)
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    offset = check_nonnegative_int(offset, "offset")
     T, T_max = ids.shape[1], P.shape[0]
     if offset + T > T_max:
         raise ValueError(f"positions {offset}..{offset + T - 1} exceed the position table: T_max = {T_max}")
     return E[ids] + P[offset:offset + T]
+
+
+def linear(x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_out d_in"], b: Float[Tensor, " d_out"] | None = None
+           ) -> Float[Tensor, "... d_out"]:
+    r"""An affine map in ``torch.nn.Linear``'s weight layout: :math:`y = x W^\top + b`.
+
+    ``x`` is ``(..., d_in)``, ``W`` the ``(d_out, d_in)`` matrix an ``nn.Linear`` stores as ``weight`` (so
+    each row of ``W`` is one output unit), ``b`` an optional ``(d_out,)`` bias. Shape
+    ``(..., d_in) -> (..., d_out)``; the same as ``torch.nn.functional.linear``, with errors that name
+    the shapes. Every projection of a transformer is one (``q_proj``, the FFN's ``w1``, the LM head
+    :func:`lm_head` with :math:`W = W_U^\top`); no catalogue equation is this map alone.
+
+    >>> linear(torch.tensor([1.0, 2.0]), torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, -1.0]]), torch.ones(3))
+    tensor([ 2.,  4., -1.])
+    """
+    x, W = as_tensor(x, "x"), _table(W, "W", "(d_out, d_in)")
+    check_dim(x, "x", "(..., d_in)")
+    if x.shape[-1] != W.shape[1]:
+        raise ValueError(f"x (..., d_in) = {tuple(x.shape)} and W (d_out, d_in) = {tuple(W.shape)} disagree on "
+                         f"d_in ({x.shape[-1]} != {W.shape[1]}); W is in nn.Linear's layout, (out, in)")
+    y = x @ W.T
+    if b is not None:
+        b = as_tensor(b, "b")
+        if b.shape != (W.shape[0],):
+            raise ValueError(f"b must have shape (d_out,) = ({W.shape[0]},), got {tuple(b.shape)}")
+        y = y + b
+    return y
 
 
 @implements("02.03")
@@ -130,11 +157,13 @@ def lm_head(
     W_U = _table(W_U, "W_U", "(d, V)")
     check_dim(h, "h", "(..., d)")
     check_finite(h, "h")
+    check_same_dtype(h, W_U, "h", "W_U")
     if h.shape[-1] != W_U.shape[0]:
         raise ValueError(f"h (..., d) = {tuple(h.shape)} and W_U (d, V) = {tuple(W_U.shape)} disagree on d")
     z = h @ W_U
     if b_U is not None:
         b_U = as_tensor(b_U, "b_U")
+        check_same_dtype(b_U, W_U, "b_U", "W_U")
         if b_U.shape != (W_U.shape[1],):
             raise ValueError(f"b_U must have shape (V,) = ({W_U.shape[1]},), got {tuple(b_U.shape)}")
         z = z + b_U
@@ -169,9 +198,8 @@ class TokenEmbedding(nn.Module):
 
     def __init__(self, V: int, d: int, std: float = 0.02):
         super().__init__()
-        for name, value in (("V", V), ("d", d)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        V, d = check_positive_int(V, "V"), check_positive_int(d, "d")
+        std = check_range(std, "std", 0.0, low_open=True)
         self.V, self.d = V, d
         self.weight = nn.Parameter(torch.empty(V, d))
         nn.init.normal_(self.weight, std=std)
@@ -222,6 +250,8 @@ class LMHead(nn.Module):
     def __init__(self, d: int, V: int, bias: bool = False, tied_to: TokenEmbedding | None = None,
                  std: float = 0.02):
         super().__init__()
+        d, V = check_positive_int(d, "d"), check_positive_int(V, "V")
+        std = check_range(std, "std", 0.0, low_open=True)
         if tied_to is not None:
             if tuple(tied_to.weight.shape) != (V, d):
                 raise ValueError(f"tied_to has E (V, d) = {tuple(tied_to.weight.shape)}, expected ({V}, {d})")

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from llmbook._checks import as_tensor, check_finite, check_positive_int, check_same_dtype, check_same_shape
 from llmbook.lm.attention import attention_scale, causal_mask, check_attention_inputs
 from llmbook.registry import implements
 
@@ -42,9 +43,7 @@ NEG_INF = float("-inf")
 
 def _prepare(q, k, v, scale, block_q=1, block_k=1):
     q4, k4, v4, squeeze = check_attention_inputs(q, k, v, allow_gqa=False)
-    for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"{name} must be a positive int, got {b!r}")
+    check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
     acc = torch.promote_types(q4.dtype, torch.float32)  # accumulate half precision in float32
     return q4, k4, v4, squeeze, attention_scale(scale, q4.shape[-1]), acc
 
@@ -73,6 +72,7 @@ def naive_attention(
     return (o.squeeze(1), lse.squeeze(1)) if squeeze else (o, lse)
 
 
+@implements("03.14")
 def merge_attention_states(
     o_a: Float[Tensor, "... T D_v"], lse_a: Float[Tensor, "... T"],
     o_b: Float[Tensor, "... T D_v"], lse_b: Float[Tensor, "... T"],
@@ -92,13 +92,26 @@ def merge_attention_states(
     >>> o, lse  # two equal halves: the average, and log 2
     (tensor([[0.5000]]), tensor([0.6931]))
     """
+    o_a, o_b = as_tensor(o_a, "o_a"), as_tensor(o_b, "o_b")
+    lse_a, lse_b = as_tensor(lse_a, "lse_a"), as_tensor(lse_b, "lse_b")
+    check_same_shape(o_a, o_b, "o_a", "o_b")
+    check_same_shape(lse_a, lse_b, "lse_a", "lse_b")
+    if o_a.ndim < 1 or lse_a.shape != o_a.shape[:-1]:
+        raise ValueError(f"lse_a {tuple(lse_a.shape)} must be o_a {tuple(o_a.shape)} without its last axis "
+                         f"(o is (..., T, D_v), lse is (..., T))")
+    check_same_dtype(o_a, o_b, "o_a", "o_b")
+    check_same_dtype(lse_a, lse_b, "lse_a", "lse_b")
+    for name, o in (("o_a", o_a), ("o_b", o_b)):
+        check_finite(o, name)
+    for name, lse_x in (("lse_a", lse_a), ("lse_b", lse_b)):
+        check_finite(lse_x, name, allow_neg_inf=True)  # -inf: an empty key set
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     w_a, w_b = (lse_a - safe).exp().unsqueeze(-1), (lse_b - safe).exp().unsqueeze(-1)
     return w_a * o_a + w_b * o_b, lse
 
 
-@implements("03.13", "03.14")
+@implements("03.13")
 def tiled_attention_forward(
     q: Float[Tensor, "B *H T_q D"], k: Float[Tensor, "B *H T_k D"], v: Float[Tensor, "B *H T_k D_v"],
     causal: bool = False, scale: float | None = None, block_q: int = 64, block_k: int = 64,

@@ -9,25 +9,15 @@ r"""A tiny GPT assembled only from llmbook parts (chapter 2), Llama-compatible.
   through RoPE inside attention);
 * ``L`` pre-norm blocks (:class:`llmbook.lm.blocks.PreNormBlock`) with
   :class:`~llmbook.lm.norms.RMSNorm`, causal :class:`~llmbook.lm.attention.MultiHeadAttention` with
-  RoPE (:func:`~llmbook.lm.positions.rope_cos_sin`) and grouped key/value heads, and a
+  RoPE (:func:`~llmbook.lm.rope.rope_cos_sin`) and grouped key/value heads, and a
   :class:`~llmbook.lm.activations.SwiGLU` MLP;
 * a final RMSNorm and the LM head (:class:`~llmbook.lm.embeddings.LMHead`), tied to the embedding.
 
-This is the architecture of Llama, so :meth:`TinyGPT.load_llama_weights` can copy a
-``transformers.LlamaForCausalLM`` into it; the logits then agree to float precision. The key mapping
-(ours <- Llama's) is the documented contract, :func:`llama_key_map`:
-
-=============================================  ==================================================
-``embed.weight``                               ``model.embed_tokens.weight``
-``blocks.{l}.norm1.weight``                    ``model.layers.{l}.input_layernorm.weight``
-``blocks.{l}.attn.{q,k,v,o}_proj.weight``      ``model.layers.{l}.self_attn.{q,k,v,o}_proj.weight``
-``blocks.{l}.norm2.weight``                    ``model.layers.{l}.post_attention_layernorm.weight``
-``blocks.{l}.mlp.w_gate.weight``               ``model.layers.{l}.mlp.gate_proj.weight``
-``blocks.{l}.mlp.w_up.weight``                 ``model.layers.{l}.mlp.up_proj.weight``
-``blocks.{l}.mlp.w_down.weight``               ``model.layers.{l}.mlp.down_proj.weight``
-``norm.weight``                                ``model.norm.weight``
-``head.weight`` (untied models only)           ``lm_head.weight``
-=============================================  ==================================================
+This is the architecture of Llama. Weights load from any plain state dict through a documented key
+map (ours <- theirs) with :meth:`TinyGPT.load_mapped_state_dict`; :mod:`llmbook.lm.checkpoints` holds
+the maps for Hugging Face's ``LlamaForCausalLM`` (:func:`llama_key_map`, used by
+:meth:`TinyGPT.from_llama`, whose logits then agree to float precision) and for Meta's reference code
+(:func:`~llmbook.lm.checkpoints.meta_llama_key_map`).
 
 Later chapters reuse the model: decoding (:meth:`TinyGPT.generate`), the KV cache and FLOP counting.
 """
@@ -42,57 +32,74 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from llmbook._checks import check_divisible, check_nonnegative_int, check_positive_int, check_range
 from llmbook.lm.activations import SwiGLU
 from llmbook.lm.attention import MultiHeadAttention
 from llmbook.lm.blocks import PreNormBlock
+from llmbook.lm.checkpoints import llama_key_map, load_mapped_state_dict
 from llmbook.lm.decoding import sample
 from llmbook.lm.embeddings import LMHead, TokenEmbedding, check_token_ids
 from llmbook.lm.norms import RMSNorm
-from llmbook.lm.positions import rope_cos_sin
+from llmbook.lm.rope import (
+    check_rope_layout,
+    half_to_interleaved_weight,
+    interleaved_to_half_weight,
+    rope_cos_sin,
+)
 
-__all__ = ["GPTConfig", "TinyGPT", "llama_key_map"]
+__all__ = ["GPTConfig", "TinyGPT", "llama_key_map", "pretrained_tiny"]
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    r"""Shape of a :class:`TinyGPT`. Defaults give a 2-layer toy with GQA (4 query heads, 2 key/value heads).
+    r"""Shape of a :class:`TinyGPT`. Defaults give a 2-layer toy with plain multi-head attention.
 
     ``vocab_size`` is :math:`V`, ``d_model`` :math:`C`, ``n_layers`` :math:`L`, ``n_heads`` :math:`H`,
-    ``n_kv_heads`` :math:`H_{kv}` (``None`` = ``H``), ``d_ff`` the SwiGLU width, ``max_seq_len`` the
+    ``n_kv_heads`` :math:`H_{kv}` (default ``None`` = ``H``: as many key/value heads as query heads; a
+    divisor of ``H`` gives grouped-query attention), ``d_ff`` the SwiGLU width, ``max_seq_len`` the
     longest context :meth:`TinyGPT.generate` keeps, ``rope_theta`` the RoPE base, ``norm_eps`` the
-    RMSNorm :math:`\epsilon`, ``tie_embeddings`` whether :math:`W_U = E^\top`.
+    RMSNorm :math:`\epsilon`, ``tie_embeddings`` whether :math:`W_U = E^\top`, ``rope_layout`` which
+    channels form a RoPE pair (see :class:`~llmbook.lm.attention.MultiHeadAttention`).
 
-    >>> GPTConfig().head_dim
-    8
+    Choices that differ from a textbook GPT-2 and are fixed (the architecture is Llama's): no biases
+    anywhere, :class:`~llmbook.lm.norms.RMSNorm` (pre-norm, :math:`\epsilon` inside the square root)
+    instead of LayerNorm, a SwiGLU MLP instead of GELU, RoPE in every attention layer instead of
+    learned absolute positions. Choices with a default that a checkpoint may need changed:
+
+    * ``tie_embeddings=True``: the LM head is the embedding (GPT-2, small Llamas); Meta's and most
+      large Llama checkpoints are untied;
+    * ``rope_theta=10000.0``: the base of Llama 1/2 (Llama 3 uses 500000);
+    * ``rope_layout="half"``: half-split pairs :math:`(j, j + D/2)`, the layout of Hugging Face
+      checkpoints; Meta's reference code and the RoFormer paper use ``"interleaved"``;
+    * ``norm_eps=1e-6`` (Hugging Face's default; Meta's Llama uses 1e-5).
+
+    >>> GPTConfig().head_dim, GPTConfig().kv_heads
+    (8, 4)
     """
 
     vocab_size: int = 64
     d_model: int = 32
     n_layers: int = 2
     n_heads: int = 4
-    n_kv_heads: int | None = 2
+    n_kv_heads: int | None = None
     d_ff: int = 88
     max_seq_len: int = 128
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
+    rope_layout: str = "half"
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        H_kv = self.kv_heads
-        if isinstance(H_kv, bool) or not isinstance(H_kv, int) or H_kv < 1:
-            raise ValueError(f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.n_heads % H_kv:
-            raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({H_kv})")
+            check_positive_int(getattr(self, name), name)
+        H_kv = check_positive_int(self.kv_heads, "n_kv_heads (None or an int)")
+        check_divisible(self.d_model, self.n_heads, "d_model", "n_heads")
+        check_divisible(self.n_heads, H_kv, "n_heads", "n_kv_heads")
         if self.head_dim % 2:
             raise ValueError(f"the head width d_model / n_heads = {self.head_dim} must be even for RoPE")
-        if not self.rope_theta > 0 or not self.norm_eps >= 0:
-            raise ValueError(f"rope_theta ({self.rope_theta}) must be > 0 and norm_eps ({self.norm_eps}) >= 0")
+        check_rope_layout(self.rope_layout)
+        check_range(self.rope_theta, "rope_theta (the RoPE base)", 1.0, low_open=True)
+        check_range(self.norm_eps, "norm_eps", 0.0)
 
     @property
     def kv_heads(self) -> int:
@@ -124,36 +131,17 @@ class GPTConfig:
         return cls(vocab_size=cfg.vocab_size, d_model=cfg.hidden_size, n_layers=cfg.num_hidden_layers,
                    n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
                    d_ff=cfg.intermediate_size, max_seq_len=max_seq_len or cfg.max_position_embeddings,
-                   rope_theta=float(theta), norm_eps=cfg.rms_norm_eps, tie_embeddings=cfg.tie_word_embeddings)
-
-
-def llama_key_map(n_layers: int, tie_embeddings: bool = True) -> dict[str, str]:
-    """Our state-dict key -> the ``LlamaForCausalLM`` key it is copied from (see the module docstring).
-
-    >>> llama_key_map(1)["blocks.0.mlp.w_gate.weight"]
-    'model.layers.0.mlp.gate_proj.weight'
-    """
-    out = {"embed.weight": "model.embed_tokens.weight"}
-    for l in range(n_layers):
-        ours, theirs = f"blocks.{l}.", f"model.layers.{l}."
-        out[ours + "norm1.weight"] = theirs + "input_layernorm.weight"
-        for p in ("q", "k", "v", "o"):
-            out[ours + f"attn.{p}_proj.weight"] = theirs + f"self_attn.{p}_proj.weight"
-        out[ours + "norm2.weight"] = theirs + "post_attention_layernorm.weight"
-        for mine, llama in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-            out[ours + f"mlp.{mine}.weight"] = theirs + f"mlp.{llama}.weight"
-    out["norm.weight"] = "model.norm.weight"
-    if not tie_embeddings:
-        out["head.weight"] = "lm_head.weight"
-    return out
+                   rope_theta=float(theta), norm_eps=cfg.rms_norm_eps, tie_embeddings=cfg.tie_word_embeddings,
+                   rope_layout="half")
 
 
 class TinyGPT(nn.Module):
     r"""Decoder-only transformer: embedding -> ``L`` pre-norm RMSNorm/RoPE/GQA/SwiGLU blocks -> norm -> tied head.
 
-    ``forward(ids (B, T), positions=None) -> logits (B, T, V)``; ``positions`` (a ``(T,)`` tensor of
-    integer positions, default ``0..T-1``) only moves RoPE, e.g. to continue a sequence. Attention is
-    causal. Weights start as GPT-2/Llama do: :math:`\mathcal{N}(0, 0.02^2)` for every matrix, norms at one.
+    ``forward(ids (B, T), positions=None) -> logits (B, T, V)``; ``positions`` (default ``0..T-1``) only
+    moves RoPE: a ``(T,)`` tensor shared by the batch (to continue a sequence) or a ``(B, T)`` tensor with
+    one row per sequence (left padding, packed sequences). Attention is causal. Weights start as
+    GPT-2/Llama do: :math:`\mathcal{N}(0, 0.02^2)` for every matrix, norms at one.
 
     >>> model = TinyGPT(GPTConfig())
     >>> model(torch.zeros(2, 5, dtype=torch.long)).shape
@@ -170,7 +158,8 @@ class TinyGPT(nn.Module):
         norm = partial(RMSNorm, eps=cfg.norm_eps)
         self.embed = TokenEmbedding(cfg.vocab_size, C)
         self.blocks = nn.ModuleList(
-            PreNormBlock(C, MultiHeadAttention(C, cfg.n_heads, cfg.kv_heads), SwiGLU(C, cfg.d_ff), norm=norm)
+            PreNormBlock(C, MultiHeadAttention(C, cfg.n_heads, cfg.kv_heads, rope_layout=cfg.rope_layout),
+                         SwiGLU(C, cfg.d_ff), norm=norm)
             for _ in range(cfg.n_layers)
         )
         self.norm = norm(C)
@@ -183,66 +172,71 @@ class TinyGPT(nn.Module):
         """Number of trainable scalars, each shared tensor counted once (a tied head adds nothing)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, " T"] | None = None
+    def hidden_states(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
                       ) -> Float[Tensor, "B T C"]:
         r"""The final normalised hidden states :math:`\mathrm{RMSNorm}(h^{(L)})`, the input of the LM head."""
         cfg = self.config
         ids = check_token_ids(ids, cfg.vocab_size)
         if ids.ndim != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        T = ids.shape[1]
+        B, T = ids.shape
         if positions is None:
             positions = torch.arange(T, device=ids.device)
         positions = torch.as_tensor(positions, device=ids.device)
-        if positions.shape != (T,):
-            raise ValueError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
+        if positions.shape not in ((T,), (B, T)):
+            raise ValueError(f"positions must have shape (T,) = ({T},) or (B, T) = ({B}, {T}), "
+                             f"got {tuple(positions.shape)}")
         h = self.embed(ids)
         cos, sin = rope_cos_sin(positions, cfg.head_dim, base=cfg.rope_theta, dtype=h.dtype)
         for block in self.blocks:
             h = block(h, is_causal=True, rope=(cos, sin))
         return self.norm(h)
 
-    def forward(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, " T"] | None = None
+    def forward(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
                 ) -> Float[Tensor, "B T V"]:
         return self.head(self.hidden_states(ids, positions))
 
     # ------------------------------------------------------------------ transformers interop
 
+    def load_mapped_state_dict(self, state: Mapping[str, Tensor], key_map: Mapping[str, str], *,
+                               rope_layout: str | None = None, ignore=()) -> TinyGPT:
+        """Load a plain state dict through a key map ``ours <- theirs``, in place; returns ``self``.
+
+        ``key_map`` maps each of our names to the checkpoint's (:func:`llama_key_map`,
+        :func:`~llmbook.lm.checkpoints.meta_llama_key_map`, or a reader's own). ``rope_layout`` is the
+        RoPE layout of the checkpoint's q/k rows when it differs from ``config.rope_layout``: those rows
+        are then converted (:func:`~llmbook.lm.rope.interleaved_to_half_weight` or its inverse);
+        ``None`` means the checkpoint matches the model. ``ignore`` lists checkpoint keys (or patterns)
+        to leave unused. Every check and error of
+        :func:`~llmbook.lm.checkpoints.load_mapped_state_dict` applies: missing, unexpected, unmapped
+        and mis-shaped keys are named.
+        """
+        cfg = self.config
+        transform = {}
+        if rope_layout is not None and check_rope_layout(rope_layout) != cfg.rope_layout:
+            convert = interleaved_to_half_weight if rope_layout == "interleaved" else half_to_interleaved_weight
+            for l in range(cfg.n_layers):
+                transform[f"blocks.{l}.attn.q_proj.weight"] = partial(convert, n_heads=cfg.n_heads)
+                transform[f"blocks.{l}.attn.k_proj.weight"] = partial(convert, n_heads=cfg.kv_heads)
+        load_mapped_state_dict(self, state, key_map, ignore=ignore, transform=transform)
+        return self
+
     def load_llama_weights(self, llama) -> TinyGPT:
         """Copy the weights of a ``LlamaForCausalLM`` (or its ``state_dict()``) into this model, in place.
 
-        Uses :func:`llama_key_map`. Every mapped key must be present with the same shape, and the Llama
-        state may hold nothing we would ignore except ``lm_head.weight`` of a tied model (which must then
-        equal the embedding) and rotary ``inv_freq`` buffers. Returns ``self``.
+        Uses :func:`llama_key_map` and :meth:`load_mapped_state_dict`; the Llama q/k rows are half-split
+        and are converted if this model's ``rope_layout`` is ``"interleaved"``. Rotary ``inv_freq``
+        buffers are ignored, and the ``lm_head.weight`` of a tied model must equal the embedding.
+        Returns ``self``.
         """
         state = llama.state_dict() if isinstance(llama, nn.Module) else llama
         if not isinstance(state, Mapping):
             raise TypeError(f"llama must be an nn.Module or a state dict, got {type(llama).__name__}")
         cfg = self.config
         mapping = llama_key_map(cfg.n_layers, cfg.tie_embeddings)
-        ours = self.state_dict()
-        missing = [k for k in mapping.values() if k not in state]
-        if missing:
-            raise ValueError(f"the Llama state dict lacks {len(missing)} keys this config needs, e.g. {missing[:3]}")
-        ignorable = {"lm_head.weight"} if cfg.tie_embeddings else set()
-        unexpected = [k for k in state if k not in mapping.values() and k not in ignorable
-                      and not k.endswith("inv_freq")]
-        if unexpected:
-            raise ValueError(f"the Llama state dict has {len(unexpected)} keys with no place in this model, "
-                             f"e.g. {unexpected[:3]} (a config mismatch: n_layers = {cfg.n_layers}?)")
-        new = {}
-        for mine, theirs in mapping.items():
-            if tuple(state[theirs].shape) != tuple(ours[mine].shape):
-                raise ValueError(f"{theirs} has shape {tuple(state[theirs].shape)} but {mine} needs "
-                                 f"{tuple(ours[mine].shape)}: the configs differ")
-            new[mine] = state[theirs]
-        if cfg.tie_embeddings and "lm_head.weight" in state and not torch.equal(
-                state["lm_head.weight"], state["model.embed_tokens.weight"]):
-            raise ValueError("this model ties W_U = E^T, but the Llama lm_head.weight differs from embed_tokens")
-        if cfg.tie_embeddings:
-            new["head.weight"] = new["embed.weight"]
-        self.load_state_dict(new, strict=True)
-        return self
+        if cfg.tie_embeddings and "lm_head.weight" in state:
+            mapping["head.weight"] = "lm_head.weight"  # must then equal the embedding (checked)
+        return self.load_mapped_state_dict(state, mapping, rope_layout="half", ignore=["*inv_freq"])
 
     @classmethod
     def from_llama(cls, llama) -> TinyGPT:
@@ -269,8 +263,7 @@ class TinyGPT(nn.Module):
         ids = check_token_ids(ids, self.config.vocab_size)
         if ids.ndim != 2 or ids.shape[1] == 0:
             raise ValueError(f"ids must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        max_new_tokens = check_nonnegative_int(max_new_tokens, "max_new_tokens")
         for _ in range(max_new_tokens):
             context = ids[:, -self.config.max_seq_len:]
             z = self(context)[:, -1].float()
@@ -278,3 +271,15 @@ class TinyGPT(nn.Module):
             ids = torch.cat([ids, nxt.unsqueeze(-1)], dim=1)
         return ids
 
+
+def pretrained_tiny(path=None):
+    """The book's trained tiny GPT and its character tokenizer: ``model, tok = pretrained_tiny()``.
+
+    The running example of the book: a :class:`TinyGPT` trained on the book's corpus by
+    ``python -m llmbook train`` (chapter 8), loaded in eval mode from the committed checkpoint. This is
+    :func:`llmbook.lm.training.pretrained_tiny` (see there; :func:`llmbook.lm.training.generate_text`
+    samples from it, :func:`llmbook.lm.training.read_log` gives its training curve).
+    """
+    from llmbook.lm.training import pretrained_tiny as load  # training imports this module
+
+    return load(path)

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from llmbook._checks import check_range
+from llmbook._checks import check_floating, check_positive_int, check_range
 from llmbook.registry import implements
 
 __all__ = [
@@ -85,9 +85,7 @@ def xavier_bound(n_in: int, n_out: int, gain: float = 1.0) -> float:
     >>> xavier_bound(2, 4)
     1.0
     """
-    for name, n in (("n_in", n_in), ("n_out", n_out)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    n_in, n_out = check_positive_int(n_in, "n_in"), check_positive_int(n_out, "n_out")
     return _gain(gain) * math.sqrt(6.0 / (n_in + n_out))
 
 
@@ -106,6 +104,7 @@ def xavier_uniform_(W: Float[Tensor, "n_out n_in *k"], gain: float = 1.0,
     >>> bool(W.abs().max() <= 1.0)  # a = sqrt(6 / 6) = 1
     True
     """
+    check_floating(W, "W")
     n_in, n_out = fans(W)
     a = xavier_bound(n_in, n_out, gain)
     with torch.no_grad():
@@ -119,6 +118,7 @@ def xavier_normal_(W: Float[Tensor, "n_out n_in *k"], gain: float = 1.0,
     >>> xavier_normal_(torch.empty(3, 3)).shape
     torch.Size([3, 3])
     """
+    check_floating(W, "W")
     n_in, n_out = fans(W)
     std = _gain(gain) * math.sqrt(2.0 / (n_in + n_out))
     with torch.no_grad():
@@ -131,8 +131,7 @@ def he_std(n: int, nonlinearity: str = "relu", a: float = 0.01) -> float:
     >>> he_std(8)
     0.5
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (the fan) must be a positive int, got {n!r}")
+    n = check_positive_int(n, "n (the fan)")
     return gain(nonlinearity, a) / math.sqrt(n)
 
 
@@ -159,6 +158,7 @@ def he_normal_(W: Float[Tensor, "n_out n_in *k"], nonlinearity: str = "relu", mo
     >>> round(W.var().item() * 50, 1)  # Var(W) * n_in = 2
     2.0
     """
+    check_floating(W, "W")
     std = he_std(_fan(W, mode), nonlinearity, a)
     with torch.no_grad():
         return W.normal_(0.0, std, generator=generator)
@@ -171,6 +171,7 @@ def he_uniform_(W: Float[Tensor, "n_out n_in *k"], nonlinearity: str = "relu", m
     >>> bool(he_uniform_(torch.empty(4, 6)).abs().max() <= 1.0)  # sqrt(3) * sqrt(2 / 6) = 1
     True
     """
+    check_floating(W, "W")
     bound = math.sqrt(3.0) * he_std(_fan(W, mode), nonlinearity, a)
     with torch.no_grad():
         return W.uniform_(-bound, bound, generator=generator)
@@ -198,9 +199,7 @@ def activation_second_moments(
         raise ValueError(f"nonlinearity must be one of {sorted(phis)}, got {nonlinearity!r}")
     if init not in ("xavier", "he", "small"):
         raise ValueError(f"init must be 'xavier', 'he' or 'small', got {init!r}")
-    for name, n in (("L", L), ("d", d), ("N", N)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    L, d, N = (check_positive_int(n, name) for name, n in (("L", L), ("d", d), ("N", N)))
     phi = phis[nonlinearity]
     y = torch.randn(N, d, generator=generator, dtype=torch.float64)
     out = []

@@ -19,6 +19,17 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from llmbook._checks import (
+    as_tensor,
+    check_broadcastable_to,
+    check_dim,
+    check_int,
+    check_integer_tensor,
+    check_positive_int,
+    check_range,
+    check_same_shape,
+)
+from llmbook._precision import restore_half, upcast_half
 from llmbook.lm.attention import (
     attention_scale,
     check_attention_inputs,
@@ -38,12 +49,6 @@ __all__ = [
 ]
 
 
-def _pos_int(x, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"{name} must be a positive int, got {x!r}")
-    return x
-
-
 def sliding_window_mask(T_q: int, T_k: int | None = None, window: int = 1, causal: bool = True,
                         device=None) -> Bool[Tensor, "T_q T_k"]:
     r"""Boolean sliding-window mask: query ``i`` (at position :math:`p_i = i + T_k - T_q`) sees keys ``j`` with
@@ -61,7 +66,7 @@ def sliding_window_mask(T_q: int, T_k: int | None = None, window: int = 1, causa
             [0, 0, 1, 1]], dtype=torch.int32)
     """
     T_k = T_q if T_k is None else T_k
-    _pos_int(T_q, "T_q"), _pos_int(T_k, "T_k"), _pos_int(window, "window")
+    T_q, T_k, window = (check_positive_int(v, n) for v, n in ((T_q, "T_q"), (T_k, "T_k"), (window, "window")))
     p = torch.arange(T_q, device=device).unsqueeze(-1) + (T_k - T_q)
     j = torch.arange(T_k, device=device)
     return ((j <= p) & (j > p - window)) if causal else (p - j).abs() < window
@@ -87,10 +92,10 @@ def sliding_window_attention(
     torch.Size([1, 5, 2])
     """
     q4, k4, v4, squeeze = check_attention_inputs(q, k, v)
-    _pos_int(window, "window")
+    window = check_positive_int(window, "window")
     T_q, T_k = q4.shape[2], k4.shape[2]
     tau = attention_scale(scale, q4.shape[-1])
-    block_q = max(window, 64) if block_q is None else _pos_int(block_q, "block_q")
+    block_q = max(window, 64) if block_q is None else check_positive_int(block_q, "block_q")
     off = T_k - T_q
     outs = []
     for a in range(0, T_q, block_q):
@@ -127,7 +132,9 @@ def sparse_indices(T: int, pattern: str, stride: int, n_summary: int = 1
     >>> sorted(idx[5][valid[5]].tolist())  # 5 and 4 (local), 3 and 1 (5 - j even)
     [1, 3, 4, 5]
     """
-    _pos_int(T, "T"), _pos_int(stride, "stride")
+    T, stride = check_positive_int(T, "T"), check_positive_int(stride, "stride")
+    # c is read by "fixed" only, but its contract holds for both patterns (no silently ignored bad value)
+    n_summary = check_int(n_summary, "n_summary (c)", low=1, high=stride, what=f"an int in [1, stride = {stride}]")
     i = torch.arange(T).unsqueeze(-1)
     n_back = (T - 1) // stride  # previous strides / blocks the last query can reach
     if pattern == "strided":
@@ -136,8 +143,6 @@ def sparse_indices(T: int, pattern: str, stride: int, n_summary: int = 1
         j = torch.cat([local, strided], dim=1)
         valid = j >= 0
     elif pattern == "fixed":
-        if isinstance(n_summary, bool) or not isinstance(n_summary, int) or not 1 <= n_summary <= stride:
-            raise ValueError(f"n_summary (c) must be an int in [1, stride = {stride}], got {n_summary!r}")
         block = i // stride
         own = block * stride + torch.arange(stride)
         cols = (torch.arange(n_back).unsqueeze(-1) * stride + stride - n_summary + torch.arange(n_summary))
@@ -173,15 +178,32 @@ def gathered_attention(
 
     ``idx`` and ``valid`` are ``(T_q, n)`` or ``(B, H, T_q, n)``. Cost :math:`O(T_q\, n\, D)`; a query
     with no valid key gets a zero output. Used by the sparse patterns and by LSH attention.
+    fp16 / bf16 inputs are computed in float32 and the output returned in their dtype.
     """
+    q, k, v, squeeze = check_attention_inputs(q, k, v, allow_gqa=False)
+    if squeeze:
+        raise ValueError(f"q, k, v must have shape (B, H, T, D), got {tuple(q.shape[:1] + q.shape[2:])}")
+    check_range(scale, "scale", 0.0, low_open=True)
     B, H, T_q, D = q.shape
+    idx = check_integer_tensor(idx, "idx")
+    valid = as_tensor(valid, "valid", floating=False)
+    if valid.dtype != torch.bool:
+        raise TypeError(f"valid must be a bool mask (True = the key is read), got dtype {valid.dtype}")
+    check_dim(idx, "idx", "(T_q, n) or (B, H, T_q, n)", min_dim=2, max_dim=4)
+    check_same_shape(idx, valid, "idx", "valid")
     n = idx.shape[-1]
-    idx = idx.expand(B, H, T_q, n).reshape(B, H, T_q * n, 1)
+    check_broadcastable_to(idx, (B, H, T_q, n), "idx", "(B, H, T_q, n)")
+    T_k = k.shape[2]
+    if idx.numel() and (idx.min() < 0 or idx.max() >= T_k):
+        raise ValueError(f"idx must hold key indices in [0, T_k) = [0, {T_k}) (pad invalid slots with 0), "
+                         f"got range [{idx.min().item()}, {idx.max().item()}]")
+    idx = idx.to(torch.long).expand(B, H, T_q, n).reshape(B, H, T_q * n, 1)
     k_g = k.gather(2, idx.expand(-1, -1, -1, D)).view(B, H, T_q, n, D)
     v_g = v.gather(2, idx.expand(-1, -1, -1, v.shape[-1])).view(B, H, T_q, n, v.shape[-1])
+    dtype, q, k_g, v_g = q.dtype, upcast_half(q), upcast_half(k_g), upcast_half(v_g)
     scores = torch.einsum("bhtd,bhtnd->bhtn", q, k_g) * scale
     w = masked_softmax(scores, valid.expand(B, H, T_q, n))
-    return torch.einsum("bhtn,bhtnd->bhtd", w, v_g)
+    return restore_half(torch.einsum("bhtn,bhtnd->bhtd", w, v_g), dtype)
 
 
 @implements("03.08")

@@ -21,7 +21,18 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from llmbook._checks import as_tensor, check_dim, check_finite, check_nonempty, check_range
+from llmbook._checks import (
+    as_tensor,
+    check_dim,
+    check_finite,
+    check_integer_tensor,
+    check_nonempty,
+    check_nonnegative_int,
+    check_positive_int,
+    check_range,
+    check_same_dtype,
+    check_same_shape,
+)
 from llmbook.lm.probability import logsumexp, softmax
 from llmbook.registry import implements
 
@@ -44,12 +55,6 @@ __all__ = [
 ACTIVATIONS = ("swiglu", "relu", "gelu")
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def _scores(s, name: str = "probs") -> Tensor:
     s = as_tensor(s, name)
     check_dim(s, name, "(..., E)")
@@ -59,14 +64,21 @@ def _scores(s, name: str = "probs") -> Tensor:
 
 
 def _ids(topk_ids, E: int, name: str = "topk_ids") -> Tensor:
-    ids = torch.as_tensor(topk_ids)
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.ndim < 1:
-        raise TypeError(f"{name} must be an integer tensor of shape (..., K), got dtype {ids.dtype} "
-                        f"shape {tuple(ids.shape)}")
+    ids = check_integer_tensor(topk_ids, name, "an integer tensor of shape (..., K)")
+    check_dim(ids, name, "(..., K)")
     if ids.numel() and (ids.min() < 0 or ids.max() >= E):
         raise ValueError(f"{name} must hold expert ids in [0, E) = [0, {E}), got range "
                          f"[{ids.min().item()}, {ids.max().item()}]")
     return ids.long()
+
+
+def _keep(keep, ids: Tensor) -> Tensor:
+    """The capacity mask ``keep``: a bool tensor of the shape of ``topk_ids`` (one flag per assignment)."""
+    keep = as_tensor(keep, "keep", floating=False)
+    if keep.dtype != torch.bool:
+        raise TypeError(f"keep must be a bool mask (True = the assignment fits), got dtype {keep.dtype}")
+    check_same_shape(keep, ids, "keep", "topk_ids")
+    return keep
 
 
 # ================================================================= routing: 14.01, 14.02, 14.04
@@ -85,6 +97,7 @@ def router_probs(x: Float[Tensor, "... C"], W_g: Float[Tensor, "E C"]) -> Float[
     x, W_g = as_tensor(x, "x"), as_tensor(W_g, "W_g")
     check_dim(W_g, "W_g", "(E, C)", min_dim=2, max_dim=2)
     check_dim(x, "x", "(..., C)")
+    check_same_dtype(x, W_g, "x", "W_g")
     if x.shape[-1] != W_g.shape[1]:
         raise ValueError(f"x (..., C) = {tuple(x.shape)} and W_g (E, C) = {tuple(W_g.shape)} disagree on C")
     return softmax(x @ W_g.T)
@@ -101,7 +114,10 @@ def top_k_routing(probs: Float[Tensor, "... E"], K: int, *, renormalize: bool = 
 
     ``bias`` (``(E,)``) is DeepSeek's auxiliary-loss-free balancing term: the experts are *selected*
     by :math:`g_e + b_e`, but the weights still come from :math:`g_e` alone, so no gradient flows
-    through ``bias`` and the loss of the model does not see it.
+    through ``bias`` and the loss of the model does not see it. The bias can select experts whose
+    :math:`g_e` underflowed to 0 (a saturated softmax): if the chosen experts' scores sum to exactly 0,
+    the renormalised weights are uniform, :math:`1/K` (the limit for equal underflowed scores), with no
+    gradient, instead of :math:`0/0`.
 
     >>> w, ids = top_k_routing(torch.tensor([[0.1, 0.6, 0.3]]), 2)
     >>> ids, w
@@ -109,7 +125,7 @@ def top_k_routing(probs: Float[Tensor, "... E"], K: int, *, renormalize: bool = 
     """
     probs = _scores(probs)
     E = probs.shape[-1]
-    K = _positive_int(K, "K")
+    K = check_positive_int(K, "K")
     if K > E:
         raise ValueError(f"K ({K}) cannot exceed the number of experts E ({E})")
     select = probs
@@ -122,7 +138,9 @@ def top_k_routing(probs: Float[Tensor, "... E"], K: int, *, renormalize: bool = 
     topk_ids = torch.topk(select, K, dim=-1).indices
     w = probs.gather(-1, topk_ids)
     if renormalize:
-        w = w / w.sum(-1, keepdim=True)
+        den = w.sum(-1, keepdim=True)
+        ok = den > 0  # guard both branches: a 0/0 would also poison the gradient through torch.where
+        w = torch.where(ok, w / torch.where(ok, den, torch.ones_like(den)), torch.full_like(w, 1.0 / K))
     return w, topk_ids
 
 
@@ -170,11 +188,16 @@ def moe_output(x: Float[Tensor, "... C"], experts: Sequence[Callable[[Tensor], T
     if ids.shape != w.shape or ids.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"x (..., C) = {tuple(x.shape)}, topk_ids {tuple(ids.shape)} and topk_weights "
                          f"{tuple(w.shape)} must agree on (...) and ids/weights on K")
+    if keep is not None:
+        keep = _keep(keep, ids)
+    if d_out is not None:
+        d_out = check_positive_int(d_out, "d_out")
     lead, C = x.shape[:-1], x.shape[-1]
     K = ids.shape[-1]
-    xs, ids, w = x.reshape(-1, C), ids.reshape(-1, K), w.reshape(-1, K)
+    N = math.prod(lead)  # explicit: reshape(-1, 0) cannot infer N when C = 0 or K = 0
+    xs, ids, w = x.reshape(N, C), ids.reshape(N, K), w.reshape(N, K)
     if keep is not None:
-        keep = torch.as_tensor(keep, dtype=torch.bool).reshape(-1, K)
+        keep = keep.reshape(N, K)
         ids = torch.where(keep, ids, torch.full_like(ids, -1))  # dropped assignments match no expert
     y = None
     for e in range(E):
@@ -199,10 +222,10 @@ def expert_load(topk_ids: Int[Tensor, "... K"], E: int, keep: Bool[Tensor, "... 
     >>> expert_load(torch.tensor([[0, 1], [0, 2]]), 4)
     tensor([2, 1, 1, 0])
     """
-    E = _positive_int(E, "E")
+    E = check_positive_int(E, "E")
     ids = _ids(topk_ids, E)
     if keep is not None:
-        ids = ids[torch.as_tensor(keep, dtype=torch.bool)]
+        ids = ids[_keep(keep, ids)]
     return torch.bincount(ids.flatten(), minlength=E)
 
 
@@ -276,7 +299,7 @@ def update_routing_bias(bias: Float[Tensor, " E"], load: Tensor, u: float) -> Fl
     tensor([-0.1000,  0.1000,  0.1000])
     """
     bias = as_tensor(bias, "bias")
-    load = torch.as_tensor(load).to(bias.dtype)
+    load = as_tensor(load, "load").to(bias.dtype)  # counts (int) or float loads; a bool mask is not a load
     if bias.ndim != 1 or load.shape != bias.shape:
         raise ValueError(f"bias (E,) = {tuple(bias.shape)} and load (E,) = {tuple(load.shape)} must match")
     check_range(u, "u", 0.0)
@@ -299,7 +322,7 @@ def expert_capacity(N: int, E: int, K: int = 1, capacity_factor: float = 1.0) ->
     >>> expert_capacity(N=64, E=8, K=2, capacity_factor=1.25)
     20
     """
-    N, E, K = _positive_int(N, "N"), _positive_int(E, "E"), _positive_int(K, "K")
+    N, E, K = check_positive_int(N, "N"), check_positive_int(E, "E"), check_positive_int(K, "K")
     check_range(capacity_factor, "capacity_factor", 0.0, low_open=True)
     return math.ceil(Fraction(repr(float(capacity_factor))) * N * K / E)
 
@@ -314,12 +337,12 @@ def capacity_mask(topk_ids: Int[Tensor, "N K"], E: int, capacity: int) -> Bool[T
     >>> capacity_mask(torch.tensor([[0], [0], [0], [1]]), E=2, capacity=2).flatten()
     tensor([ True,  True, False,  True])
     """
-    E = _positive_int(E, "E")
+    E = check_positive_int(E, "E")
     ids = _ids(topk_ids, E)
     if ids.ndim != 2:
         raise ValueError(f"topk_ids must have shape (N, K), got {tuple(ids.shape)}")
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-        raise ValueError(f"capacity must be a non-negative int, got {capacity!r}")
+    # no expert can receive more than all N K assignments: a larger capacity (say ceil(1e30 N K / E)) keeps all
+    capacity = min(check_nonnegative_int(capacity, "capacity"), ids.numel())
     rank_major = ids.T.reshape(-1)  # (K*N,): all first choices, then all second choices, ...
     one_hot = F.one_hot(rank_major, E)
     position = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # place of each assignment in its expert's queue
@@ -339,7 +362,7 @@ def moe_param_count(C: int, d_ff: int, E: int, activation: str = "swiglu", route
     1409318912
     """
     m = _matrices(activation)
-    C, d_ff, E = _positive_int(C, "C"), _positive_int(d_ff, "d_ff"), _positive_int(E, "E")
+    C, d_ff, E = check_positive_int(C, "C"), check_positive_int(d_ff, "d_ff"), check_positive_int(E, "E")
     return E * m * C * d_ff + (E * C if router else 0)
 
 
@@ -354,7 +377,7 @@ def moe_flops(N: int, C: int, d_ff: int, E: int, K: int, activation: str = "swig
     288
     """
     m = _matrices(activation)
-    N, C, d_ff, E, K = (_positive_int(v, n) for v, n in ((N, "N"), (C, "C"), (d_ff, "d_ff"), (E, "E"), (K, "K")))
+    N, C, d_ff, E, K = (check_positive_int(v, n) for v, n in ((N, "N"), (C, "C"), (d_ff, "d_ff"), (E, "E"), (K, "K")))
     return 2 * N * E * C + 2 * N * K * m * C * d_ff
 
 

@@ -16,10 +16,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor, check_range
+from llmbook._checks import check_module_input, check_positive_int, check_range
 from llmbook.lm.moe import (
     _matrices,
-    _positive_int,
     capacity_mask,
     expert_capacity,
     expert_load,
@@ -73,7 +72,7 @@ class MoELayer(nn.Module):
                  capacity_factor: float | None = None, generator: torch.Generator | None = None,
                  dtype: torch.dtype | None = None):
         super().__init__()
-        C, d_ff, E, K = (_positive_int(v, n) for v, n in ((C, "C"), (d_ff, "d_ff"), (E, "E"), (K, "K")))
+        C, d_ff, E, K = (check_positive_int(v, n) for v, n in ((C, "C"), (d_ff, "d_ff"), (E, "E"), (K, "K")))
         if K > E:
             raise ValueError(f"K ({K}) cannot exceed the number of experts E ({E})")
         m = _matrices(activation)
@@ -116,9 +115,7 @@ class MoELayer(nn.Module):
         return Routing(logits, probs, ids, w, keep, capacity)
 
     def forward(self, x: Float[Tensor, "B T C"]) -> tuple[Float[Tensor, "B T C"], Routing]:
-        x = as_tensor(x, "x")
-        if x.ndim != 3 or x.shape[-1] != self.C:
-            raise ValueError(f"x must have shape (B, T, C) with C = {self.C}, got {tuple(x.shape)}")
+        x = check_module_input(self, x, d=self.C, symbol="C", ndim=3, contract="(B, T, C)")
         if x.shape[0] * x.shape[1] == 0:
             raise ValueError(f"x must hold at least one token, got shape {tuple(x.shape)}")
         B, T, C = x.shape
@@ -175,7 +172,8 @@ def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps
     >>> tuple(sim.load.shape), sim.load.sum(-1).tolist()
     ((3, 4), [16, 16, 16])
     """
-    E, K, N, C, steps = (_positive_int(v, n) for v, n in ((E, "E"), (K, "K"), (N, "N"), (C, "C"), (steps, "steps")))
+    E, K, N, C, steps = (check_positive_int(v, n)
+                         for v, n in ((E, "E"), (K, "K"), (N, "N"), (C, "C"), (steps, "steps")))
     if K > E:
         raise ValueError(f"K ({K}) cannot exceed the number of experts E ({E})")
     if balance not in BALANCE:

@@ -46,7 +46,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from llmbook._checks import check_range
+from llmbook._checks import check_int, check_positive_int, check_range
 
 __all__ = ["byte_tokens", "chunk_tokens", "NGramLM", "chunk_log_probs"]
 
@@ -64,12 +64,6 @@ def byte_tokens(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def _check_size(size) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int (bytes per chunk), got {size!r}")
-    return size
-
-
 def chunk_tokens(text: str, size: int = 2) -> list[tuple[int, ...]]:
     """A coarser tokenisation: consecutive runs of ``size`` UTF-8 bytes (the last chunk may be shorter).
 
@@ -78,7 +72,7 @@ def chunk_tokens(text: str, size: int = 2) -> list[tuple[int, ...]]:
     >>> chunk_tokens("abcde", size=2)
     [(97, 98), (99, 100), (101,)]
     """
-    size = _check_size(size)
+    size = check_positive_int(size, "size")
     b = byte_tokens(text)
     return [tuple(b[i:i + size]) for i in range(0, len(b), size)]
 
@@ -98,12 +92,7 @@ def _as_token_list(tokens, vocab_size: int, name: str) -> list[int]:
         tokens = tokens.tolist()
     elif not isinstance(tokens, Iterable):
         raise TypeError(f"{name} must be a sequence of integer token ids, got {type(tokens).__name__}")
-    out = list(tokens)
-    for t in out:
-        if isinstance(t, bool) or not isinstance(t, int):
-            if hasattr(t, "dtype") and getattr(t.dtype, "kind", "") in "iu":  # numpy integer scalars
-                continue
-            raise TypeError(f"{name} must hold integer token ids, got {t!r} of type {type(t).__name__}")
+    out = [check_int(t, name, what="a sequence of integer token ids") for t in tokens]
     if out:
         lo, hi = min(out), max(out)
         if lo < 0 or hi >= vocab_size:
@@ -128,17 +117,9 @@ class NGramLM:
     """
 
     def __init__(self, order: int, vocab_size: int, alpha: float = 1.0):
-        if isinstance(order, bool) or not isinstance(order, int):
-            raise TypeError(f"order must be an int, got {order!r}")
-        if order < 0:
-            raise ValueError(f"order must be >= 0 (0 = uniform, 1 = unigram, 2 = bigram, ...), got {order}")
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-            raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
-        if vocab_size < 1:
-            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        order = check_int(order, "order", low=0, what="an int >= 0 (0 = uniform, 1 = unigram, 2 = bigram, ...)")
+        vocab_size = check_positive_int(vocab_size, "vocab_size")
         check_range(alpha, "alpha", 0.0, low_open=True)
-        if math.isinf(alpha):
-            raise ValueError("alpha must be finite")
         self.order = order
         self.vocab_size = vocab_size
         self.alpha = float(alpha)
@@ -260,6 +241,6 @@ def chunk_log_probs(byte_model: NGramLM, text: str, size: int = 2) -> Float[Tens
     """
     if not isinstance(byte_model, NGramLM) or byte_model.vocab_size != BYTE_VOCAB:
         raise TypeError(f"byte_model must be an NGramLM over bytes (vocab_size {BYTE_VOCAB}), got {byte_model!r}")
-    size = _check_size(size)
+    size = check_positive_int(size, "size")
     lp = byte_model.score(byte_tokens(text)).tolist()
     return torch.tensor([math.fsum(lp[i:i + size]) for i in range(0, len(lp), size)], dtype=torch.float64)

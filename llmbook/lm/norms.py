@@ -24,7 +24,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor, check_dim, check_range
+from llmbook._checks import (
+    as_tensor,
+    check_axis,
+    check_dim,
+    check_divisible,
+    check_floating,
+    check_module_input,
+    check_positive_int,
+    check_range,
+    check_shape,
+)
+from llmbook._precision import restore_half, upcast_half
 from llmbook.registry import implements
 
 __all__ = [
@@ -48,10 +59,16 @@ def _check_eps(eps: float) -> None:
     check_range(eps, "eps", 0.0, math.inf)
 
 
+def _like(y: Tensor, x: Tensor) -> Tensor:
+    """``y`` back in ``x``'s dtype when ``x`` was fp16 / bf16 (statistics run in float32: 300**2 > 65504)."""
+    return restore_half(y, x.dtype)
+
+
 def _affine(y: Tensor, weight, bias, C: int, where: str) -> Tensor:
     for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and tuple(p.shape) != (C,):
-            raise ValueError(f"{name} must have shape ({C},) to match {where}, got {tuple(p.shape)}")
+        if p is not None:
+            check_shape(p, (C,), name, where)
+            check_floating(p, name)  # a bool or integer scale would be promoted silently
     return y
 
 
@@ -59,19 +76,27 @@ def variance(x: Float[Tensor, "... d"], dim=-1, unbiased: bool = False, keepdim:
     r"""Two-pass variance :math:`\frac{1}{d}\sum_i (x_i-\mu)^2` (or :math:`\frac{1}{d-1}` when ``unbiased``).
 
     The mean is subtracted first, so the squares are of small, centred numbers and no digits cancel.
+    fp16 / bf16 input is computed in float32 and returned in its own dtype (as ``torch.var``: a
+    variance beyond the dtype's range is ``inf``, but no intermediate square overflows).
 
     >>> variance(torch.tensor([1.0, 2.0, 3.0]))
     tensor(0.6667)
     """
-    mu = x.mean(dim=dim, keepdim=True)
+    x = as_tensor(x, "x")
     n = _count(x, dim)
-    ss = ((x - mu) ** 2).sum(dim=dim, keepdim=keepdim)
-    return ss / (n - 1 if unbiased else n)
+    if n < (2 if unbiased else 1):
+        raise ValueError(f"the {'unbiased ' if unbiased else ''}variance over dim {dim} needs at least "
+                         f"{2 if unbiased else 1} value(s), got {n} (x of shape {tuple(x.shape)})")
+    h = upcast_half(x)
+    mu = h.mean(dim=dim, keepdim=True)
+    ss = ((h - mu) ** 2).sum(dim=dim, keepdim=keepdim)
+    return _like(ss / (n - 1 if unbiased else n), x)
 
 
 def _count(x: Tensor, dim) -> int:
+    """The number of entries reduced over ``dim`` (an axis or a sequence of axes of ``x``)."""
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return math.prod(x.shape[d] for d in dims)
+    return math.prod(x.shape[check_axis(x, d, "x")] for d in dims)
 
 
 def variance_naive(x: Float[Tensor, "... d"], dim=-1, keepdim: bool = False) -> Tensor:
@@ -99,6 +124,7 @@ def layer_norm(x: Float[Tensor, "... d"], weight: Float[Tensor, " d"] | None = N
 
     :math:`\gamma` is ``weight``, :math:`\beta` is ``bias`` (``None`` means 1 and 0), :math:`\epsilon`
     is ``eps``; statistics are over the last axis (the biased :math:`1/d` variance, as in torch).
+    fp16 / bf16 input is normalised in float32 and returned in its own dtype, as torch does.
     Shape ``(..., d) -> (..., d)``.
 
     >>> layer_norm(torch.tensor([1.0, 2.0, 3.0]), eps=0.0)
@@ -109,14 +135,15 @@ def layer_norm(x: Float[Tensor, "... d"], weight: Float[Tensor, " d"] | None = N
     _check_eps(eps)
     d = x.shape[-1]
     _affine(x, weight, bias, d, "the last dim d of x")
-    mu = x.mean(-1, keepdim=True)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)  # two-pass
-    y = (x - mu) * torch.rsqrt(var + eps)
+    h = upcast_half(x)
+    mu = h.mean(-1, keepdim=True)
+    var = ((h - mu) ** 2).mean(-1, keepdim=True)  # two-pass
+    y = (h - mu) * torch.rsqrt(var + eps)
     if weight is not None:
         y = y * weight
     if bias is not None:
         y = y + bias
-    return y
+    return _like(y, x)
 
 
 def layer_norm_naive(x: Float[Tensor, "... d"], eps: float = 1e-5) -> Float[Tensor, "... d"]:
@@ -140,6 +167,8 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d: int, eps: float = 1e-5, bias: bool = True):
         super().__init__()
+        d = check_positive_int(d, "d")
+        _check_eps(eps)
         self.d, self.eps = d, eps
         self.weight = nn.Parameter(torch.ones(d))
         self.bias = nn.Parameter(torch.zeros(d)) if bias else None
@@ -173,10 +202,8 @@ def rms_norm(x: Float[Tensor, "... d"], weight: Float[Tensor, " d"] | None = Non
     check_dim(x, "x", "(..., d)")
     _check_eps(eps)
     _affine(x, weight, None, x.shape[-1], "the last dim d of x")
-    dtype = x.dtype
-    h = x.to(torch.float32) if dtype in (torch.float16, torch.bfloat16) else x
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    h = h.to(dtype)
+    h = upcast_half(x)
+    h = _like(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps), x)
     return h if weight is None else weight * h
 
 
@@ -189,6 +216,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
+        d = check_positive_int(d, "d")
+        _check_eps(eps)
         self.d, self.eps = d, eps
         self.weight = nn.Parameter(torch.ones(d))
 
@@ -228,7 +257,8 @@ def batch_norm(x: Float[Tensor, "B C *S"], running_mean: Tensor | None = None, r
 
     (:math:`\rho` is ``momentum``). In evaluation (``training=False``) the running estimates replace
     :math:`\mu_B, \sigma_B^2`, so the output no longer depends on the rest of the batch. Same
-    argument order as ``torch.nn.functional.batch_norm``.
+    argument order as ``torch.nn.functional.batch_norm``; fp16 / bf16 input is normalised in float32
+    and returned in its own dtype.
 
     >>> batch_norm(torch.tensor([[1.0], [3.0]]), eps=0.0)
     tensor([[-1.],
@@ -240,15 +270,20 @@ def batch_norm(x: Float[Tensor, "B C *S"], running_mean: Tensor | None = None, r
     check_range(momentum, "momentum", 0.0, 1.0)
     C = x.shape[1]
     _affine(x, weight, bias, C, "the channel dim C of x")
+    for name, r in (("running_mean", running_mean), ("running_var", running_var)):
+        if r is not None:
+            check_shape(r, (C,), name, "the channel dim C of x")
+            check_floating(r, name)
     dims = [0] + list(range(2, x.ndim))
     shape = [1, C] + [1] * (x.ndim - 2)
+    h = upcast_half(x)
     if training:
         N = _count(x, dims)
         if N < 2:
             raise ValueError(f"batch statistics need more than one value per channel, got N = {N} "
                              f"for x of shape {tuple(x.shape)}")
-        mu = x.mean(dim=dims)
-        var = ((x - mu.view(shape)) ** 2).mean(dim=dims)  # biased: used to normalise
+        mu = h.mean(dim=dims)
+        var = ((h - mu.view(shape)) ** 2).mean(dim=dims)  # biased: used to normalise
         if running_mean is not None and running_var is not None:
             with torch.no_grad():
                 running_mean.mul_(1 - momentum).add_(momentum * mu)
@@ -256,9 +291,9 @@ def batch_norm(x: Float[Tensor, "B C *S"], running_mean: Tensor | None = None, r
     else:
         if running_mean is None or running_var is None:
             raise ValueError("evaluation mode (training=False) needs running_mean and running_var")
-        mu, var = running_mean, running_var
-    y = (x - mu.view(shape)) * torch.rsqrt(var.view(shape) + eps)
-    return _channel_affine(y, weight, bias, shape)
+        mu, var = upcast_half(running_mean), upcast_half(running_var)
+    y = (h - mu.view(shape)) * torch.rsqrt(var.view(shape) + eps)
+    return _like(_channel_affine(y, weight, bias, shape), x)
 
 
 class BatchNorm(nn.Module):
@@ -272,6 +307,9 @@ class BatchNorm(nn.Module):
 
     def __init__(self, C: int, eps: float = 1e-5, momentum: float = 0.1):
         super().__init__()
+        C = check_positive_int(C, "C")
+        _check_eps(eps)
+        check_range(momentum, "momentum", 0.0, 1.0)
         self.C, self.eps, self.momentum = C, eps, momentum
         self.weight = nn.Parameter(torch.ones(C))
         self.bias = nn.Parameter(torch.zeros(C))
@@ -294,7 +332,8 @@ def group_norm(x: Float[Tensor, "B C *S"], G: int, weight: Tensor | None = None,
     .. math:: \mathrm{GN}(x)=\gamma\,\frac{x-\mu_G}{\sqrt{\sigma_G^2+\epsilon}}+\beta
 
     Independent of the batch, like LayerNorm; ``G = 1`` is LayerNorm over ``(C, *S)``, ``G = C`` is
-    InstanceNorm. ``weight`` / ``bias`` are per channel. Shape ``(B, C, *S) -> (B, C, *S)``.
+    InstanceNorm. ``weight`` / ``bias`` are per channel. fp16 / bf16 input is normalised in float32
+    and returned in its own dtype. Shape ``(B, C, *S) -> (B, C, *S)``.
 
     >>> group_norm(torch.tensor([[1.0, 3.0, 5.0, 9.0]]), G=2, eps=0.0)
     tensor([[-1.,  1., -1.,  1.]])
@@ -303,15 +342,15 @@ def group_norm(x: Float[Tensor, "B C *S"], G: int, weight: Tensor | None = None,
     check_dim(x, "x", "(B, C, *S)", min_dim=2)
     _check_eps(eps)
     B, C = x.shape[:2]
-    if isinstance(G, bool) or not isinstance(G, int) or G <= 0 or C % G:
-        raise ValueError(f"the number of channels C ({C}) must be divisible by the number of groups G ({G})")
+    G = check_positive_int(G, "G (the number of groups)")
+    check_divisible(C, G, "the number of channels C", "the number of groups G")
     _affine(x, weight, bias, C, "the channel dim C of x")
-    g = x.reshape(B, G, -1)
+    g = upcast_half(x).reshape(B, G, math.prod(x.shape[1:]) // G)  # explicit: B = 0 leaves -1 undetermined
     mu = g.mean(-1, keepdim=True)
     var = ((g - mu) ** 2).mean(-1, keepdim=True)
     y = ((g - mu) * torch.rsqrt(var + eps)).reshape(x.shape)
     shape = [1, C] + [1] * (x.ndim - 2)
-    return _channel_affine(y, weight, bias, shape)
+    return _like(_channel_affine(y, weight, bias, shape), x)
 
 
 class GroupNorm(nn.Module):
@@ -323,8 +362,9 @@ class GroupNorm(nn.Module):
 
     def __init__(self, G: int, C: int, eps: float = 1e-5):
         super().__init__()
-        if C % G:
-            raise ValueError(f"the number of channels C ({C}) must be divisible by the number of groups G ({G})")
+        G, C = check_positive_int(G, "G (the number of groups)"), check_positive_int(C, "C")
+        check_divisible(C, G, "the number of channels C", "the number of groups G")
+        _check_eps(eps)
         self.G, self.C, self.eps = G, C, eps
         self.weight = nn.Parameter(torch.ones(C))
         self.bias = nn.Parameter(torch.zeros(C))
@@ -357,8 +397,8 @@ def deepnorm_constants(N: int, M: int | None = None, *, part: str = "decoder") -
     [2.2134, 0.3195]
     """
     for name, v in (("N", N), ("M", M)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            raise ValueError(f"the layer count {name} ({v!r}) must be a positive integer")
+        if v is not None:
+            check_positive_int(v, f"the layer count {name}")
     if part not in ("encoder", "decoder"):
         raise ValueError(f"part must be 'encoder' or 'decoder', got {part!r}")
     if M is None:  # a single stack of N layers
@@ -400,4 +440,6 @@ class DeepNormResidual(nn.Module):
         return self
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
-        return self.norm(self.alpha * x + self.sublayer(x))
+        x = check_module_input(self, x, d=self.norm.d, symbol="d", contract="(..., d)")
+        # fp16 / bf16: the up-weighted sum alpha x + G(x) is formed in float32 (it can exceed 65504)
+        return _like(self.norm(self.alpha * upcast_half(x) + upcast_half(self.sublayer(x))), x)

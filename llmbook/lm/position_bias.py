@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from llmbook._checks import as_tensor
+from llmbook._checks import as_tensor, check_integer_tensor, check_nonnegative_int, check_positive_int
 from llmbook.registry import implements
 
 __all__ = ["alibi_slopes", "alibi_bias", "t5_relative_position_bucket", "T5RelativeBias"]
@@ -34,8 +34,7 @@ def alibi_slopes(H: int) -> Float[Tensor, " H"]:
     >>> alibi_slopes(4)
     tensor([0.2500, 0.0625, 0.0156, 0.0039])
     """
-    if isinstance(H, bool) or not isinstance(H, int) or H <= 0:
-        raise ValueError(f"the number of heads H ({H!r}) must be a positive integer")
+    H = check_positive_int(H, "H (the number of heads)")
 
     def geometric(n: int) -> list[float]:
         start = 2.0 ** (-8.0 / n)
@@ -62,8 +61,9 @@ def alibi_bias(T: int, H: int, slopes: Tensor | None = None, T_k: int | None = N
              [-0.5000,  0.0000,  0.5000],
              [-1.0000, -0.5000,  0.0000]]])
     """
-    T_k = T if T_k is None else T_k
-    if T < 0 or T_k < T:
+    T, H = check_nonnegative_int(T, "T"), check_positive_int(H, "H")
+    T_k = T if T_k is None else check_nonnegative_int(T_k, "T_k")
+    if T_k < T:
         raise ValueError(f"need 0 <= T ({T}) <= T_k ({T_k})")
     slopes = alibi_slopes(H) if slopes is None else as_tensor(slopes, "slopes")
     if tuple(slopes.shape) != (H,):
@@ -88,9 +88,9 @@ def t5_relative_position_bucket(relative_position: Tensor, bidirectional: bool =
     >>> t5_relative_position_bucket(torch.tensor([-3, 0, 3, 1000]), num_buckets=8, max_distance=16)
     tensor([2, 0, 6, 7])
     """
-    rel = torch.as_tensor(relative_position)
-    if rel.is_floating_point():
-        raise TypeError(f"relative_position must be an integer tensor, got dtype {rel.dtype}")
+    rel = check_integer_tensor(relative_position, "relative_position")
+    num_buckets = check_positive_int(num_buckets, "num_buckets")
+    max_distance = check_positive_int(max_distance, "max_distance")
     if num_buckets < 2 or (bidirectional and num_buckets < 4):
         raise ValueError(f"num_buckets ({num_buckets}) is too small (need >= 2, or >= 4 bidirectional)")
     bucket = torch.zeros_like(rel, dtype=torch.long)
@@ -125,10 +125,15 @@ class T5RelativeBias(nn.Module):
 
     def __init__(self, H: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
         super().__init__()
+        H, num_buckets = check_positive_int(H, "H"), check_positive_int(num_buckets, "num_buckets")
+        max_distance = check_positive_int(max_distance, "max_distance")
+        t5_relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance)
         self.H, self.num_buckets, self.max_distance, self.bidirectional = H, num_buckets, max_distance, bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, H)
 
     def forward(self, T_q: int, T_k: int, offset: int = 0) -> Float[Tensor, "1 H T_q T_k"]:
+        T_q, T_k = check_nonnegative_int(T_q, "T_q"), check_nonnegative_int(T_k, "T_k")
+        offset = check_nonnegative_int(offset, "offset")
         i = torch.arange(T_q)[:, None] + offset
         j = torch.arange(T_k)[None, :]
         b = t5_relative_position_bucket(j - i, self.bidirectional, self.num_buckets, self.max_distance)

@@ -12,7 +12,19 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from llmbook._checks import as_tensor, check_dim, check_finite, check_nonempty, check_probability, check_range
+from llmbook._checks import (
+    as_tensor,
+    check_axis,
+    check_dim,
+    check_finite,
+    check_int,
+    check_integer_tensor,
+    check_nonempty,
+    check_positive_int,
+    check_probability,
+    check_range,
+    check_token_ids,
+)
 from llmbook.registry import implements
 
 __all__ = [
@@ -25,6 +37,7 @@ __all__ = [
     "sequence_log_likelihood",
     "conditional_log_likelihood",
     "nll",
+    "cross_entropy_loss",
     "cross_entropy",
     "cross_entropy_decomposition",
     "kl_divergence",
@@ -37,10 +50,10 @@ __all__ = [
 ]
 
 
-def _logits(z, name="z") -> Tensor:
+def _logits(z, name="z", dim: int = -1) -> Tensor:
     z = as_tensor(z, name)
     check_dim(z, name, "(..., V)")
-    check_nonempty(z, name)
+    check_nonempty(z, name, check_axis(z, dim, name))
     check_finite(z, name, allow_neg_inf=True)
     return z
 
@@ -57,7 +70,7 @@ def logsumexp(z: Float[Tensor, "... V"], dim: int = -1) -> Float[Tensor, "..."]:
     >>> logsumexp(torch.tensor([1000.0, 1000.0])).item() - 1000.0  # log 2
     0.693...
     """
-    z = _logits(z)
+    z = _logits(z, dim=dim)
     m = z.amax(dim=dim, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: keep -inf, not NaN
     return (m + (z - m).exp().sum(dim=dim, keepdim=True).log()).squeeze(dim)
@@ -71,7 +84,7 @@ def logsumexp_naive(z: Float[Tensor, "... V"], dim: int = -1) -> Float[Tensor, "
     >>> logsumexp_naive(torch.tensor([1000.0, 1000.0])).item()
     inf
     """
-    z = _logits(z)
+    z = _logits(z, dim=dim)
     return z.exp().sum(dim=dim).log()
 
 
@@ -84,7 +97,7 @@ def log_softmax(z: Float[Tensor, "... V"], dim: int = -1) -> Float[Tensor, "... 
     >>> log_softmax(torch.tensor([0.0, 0.0])).exp()
     tensor([0.5000, 0.5000])
     """
-    z = _logits(z)
+    z = _logits(z, dim=dim)
     m = z.amax(dim=dim, keepdim=True)
     if torch.isinf(m).any():
         raise ValueError("every entry of some row of z is -inf: the softmax of a fully masked row is undefined")
@@ -129,17 +142,12 @@ def token_log_probs(logits: Float[Tensor, "B T V"], targets: Int[Tensor, "B T"])
     ``logits[b, t]`` is the model's prediction for ``targets[b, t]``. Shapes ``(B, T, V), (B, T) -> (B, T)``.
     """
     logits = _logits(logits, "logits")
-    targets = torch.as_tensor(targets)
-    if targets.dtype.is_floating_point:
-        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
+    targets = check_integer_tensor(targets, "targets", "a tensor of integer token ids")
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits (B, T, V) = {tuple(logits.shape)} and targets (B, T) = "
                          f"{tuple(targets.shape)} disagree on (B, T)")
-    V = logits.shape[-1]
-    if targets.numel() and (targets.min() < 0 or targets.max() >= V):
-        raise ValueError(f"targets must be token ids in [0, V) = [0, {V}), got range "
-                         f"[{targets.min().item()}, {targets.max().item()}]")
-    return log_softmax(logits).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    targets = check_token_ids(targets, logits.shape[-1], "targets")
+    return log_softmax(logits).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 @implements("01.01", "01.12")
@@ -169,8 +177,8 @@ def conditional_log_likelihood(
     Shapes ``(B, T, V), (B, T) -> (B,)``.
     """
     lp = token_log_probs(logits, targets)
-    if not isinstance(prompt_length, int) or not 0 <= prompt_length < lp.shape[1]:
-        raise ValueError(f"prompt_length must be an int in [0, T) = [0, {lp.shape[1]}), got {prompt_length!r}")
+    T = lp.shape[1]
+    prompt_length = check_int(prompt_length, "prompt_length", low=0, high=T - 1, what=f"an int in [0, T) = [0, {T})")
     return lp[:, prompt_length:].sum(-1)
 
 
@@ -186,7 +194,7 @@ def nll(
     """
     if reduction not in ("sum", "mean", "none"):
         raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
-    targets = torch.as_tensor(targets)
+    targets = check_integer_tensor(targets, "targets", "a tensor of integer token ids")  # a bool mask is not ids
     keep = torch.ones_like(targets, dtype=torch.bool) if ignore_index is None else targets != ignore_index
     safe = torch.where(keep, targets, torch.zeros_like(targets))
     lp = token_log_probs(logits, safe)
@@ -199,6 +207,34 @@ def nll(
     if n == 0:
         raise ValueError("reduction='mean' with no counted token (every target is ignore_index)")
     return loss.sum() / n
+
+
+def cross_entropy_loss(logits: Float[Tensor, "... V"], targets: Int[Tensor, "..."], reduction: str = "mean",
+                       ignore_index: int | None = -100) -> Tensor:
+    r"""The language-model training loss from logits and target ids, as ``torch.nn.functional.cross_entropy``.
+
+    .. math:: \ell_t = -\log \mathrm{softmax}(z_t)_{y_t} = \log\sum_{v=1}^{V} e^{z_{t,v}} - z_{t,y_t},
+              \qquad L = \frac{1}{N}\sum_{t:\, y_t \ne \mathrm{ignore}} \ell_t
+
+    ``logits`` are :math:`z` with the vocabulary on the **last** axis, ``(..., V)`` (e.g. ``(B, T, V)``;
+    torch wants ``(N, V, ...)``, so ``F.cross_entropy(logits.transpose(1, 2), targets)`` is the same
+    number). ``targets`` are the ids :math:`y`, shape ``(...)``. Positions whose target equals
+    ``ignore_index`` (default ``-100``, torch's; ``None`` counts every position) are left out, and
+    :math:`N` counts the rest. ``reduction``: ``"mean"`` (default, like torch), ``"sum"`` or ``"none"``
+    (the per-position :math:`\ell_t`, zero at ignored positions).
+
+    Per position this is the cross-entropy :math:`H(y, p)` of :func:`cross_entropy` with a one-hot
+    :math:`y` and :math:`p = \mathrm{softmax}(z)`; summed over a sequence it is :func:`nll`. Unlike
+    :func:`cross_entropy`, which compares two distributions, it takes logits and integer ids (hard
+    targets only). One difference from torch: a ``"mean"`` with no counted target raises ``ValueError``
+    instead of returning NaN.
+
+    >>> round(cross_entropy_loss(torch.zeros(2, 4), torch.tensor([1, -100])).item(), 4)  # log 4, one counted
+    1.3863
+    """
+    if ignore_index is not None:
+        ignore_index = check_int(ignore_index, "ignore_index", what="an int or None")
+    return nll(logits, targets, reduction=reduction, ignore_index=ignore_index)
 
 
 def _distributions(p, q, names=("p", "q")):
@@ -229,7 +265,9 @@ def cross_entropy(y: Float[Tensor, "... V"], p: Float[Tensor, "... V"]) -> Float
     r"""Cross-entropy :math:`H(y, p) = -\sum_i y_i \log p_i` of a model ``p`` against targets ``y``.
 
     ``y`` may be one-hot (then this is the NLL of the labelled token) or any distribution.
-    Infinite when ``p`` puts zero mass where ``y`` has some.
+    Infinite when ``p`` puts zero mass where ``y`` has some. Two distributions in, one number per row
+    out; for the training loss from logits and target ids (what ``F.cross_entropy`` computes) use
+    :func:`cross_entropy_loss`.
     """
     y, p = _distributions(y, p, ("y", "p"))
     return -torch.special.xlogy(y, p).sum(-1)
@@ -296,7 +334,8 @@ def teacher_forcing_loss(model, x: Int[Tensor, "B S"], y_star: Int[Tensor, "B T"
     ``model`` maps token ids ``(B, L)`` to logits ``(B, L, V)``; it is called once on the
     ``L = S + T - 1`` tokens that precede a prediction. Returns the summed loss over the batch (a scalar).
     """
-    x, y_star = torch.as_tensor(x), torch.as_tensor(y_star)
+    x = check_integer_tensor(x, "x", "a tensor of integer token ids")
+    y_star = check_integer_tensor(y_star, "y_star", "a tensor of integer token ids")
     if x.ndim != 2 or y_star.ndim != 2 or x.shape[0] != y_star.shape[0]:
         raise ValueError(f"x (B, S) = {tuple(x.shape)} and y_star (B, T) = {tuple(y_star.shape)} "
                          "must be 2-D with equal B")
@@ -326,15 +365,15 @@ def bits_per_byte(total_nll_nats, n_bytes: int) -> float:
     r"""Bits per byte :math:`BPB = -\frac{1}{B \ln 2}\sum_t \log p_\theta(x_t\mid x_{<t})`.
 
     ``total_nll_nats`` is the summed negative log-likelihood (nats) of a text under any
-    tokenisation; ``n_bytes`` is that text's length in UTF-8 bytes (:math:`B`). Dividing by bytes
+    tokenisation (a number ``>= 0``, ``inf`` included, or a one-element tensor such as the output of
+    :func:`nll`); ``n_bytes`` is that text's length in UTF-8 bytes (:math:`B`). Dividing by bytes
     instead of tokens makes models with different tokenisers comparable.
 
     >>> bits_per_byte(1000 * math.log(256), 1000)  # a uniform byte model
     8.0
     """
-    total = float(total_nll_nats)
-    if math.isnan(total) or total < 0:
-        raise ValueError(f"total_nll_nats must be a non-negative number of nats, got {total}")
-    if isinstance(n_bytes, bool) or not isinstance(n_bytes, int) or n_bytes <= 0:
-        raise ValueError(f"n_bytes must be a positive int, got {n_bytes!r}")
+    if isinstance(total_nll_nats, Tensor) and total_nll_nats.numel() == 1:  # e.g. nll(...) itself
+        total_nll_nats = total_nll_nats.item()
+    total = check_range(total_nll_nats, "total_nll_nats", 0.0, finite=False)  # inf: a byte of probability 0
+    n_bytes = check_positive_int(n_bytes, "n_bytes")
     return total / (n_bytes * math.log(2))

@@ -15,7 +15,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from llmbook._checks import as_tensor, check_dim, check_finite, check_nonempty, check_probability, check_range
+from llmbook._checks import (
+    as_tensor,
+    check_dim,
+    check_finite,
+    check_integer_tensor,
+    check_nonempty,
+    check_nonnegative_int,
+    check_positive_int,
+    check_probability,
+    check_range,
+    is_real,
+)
 from llmbook.lm.probability import log_softmax, softmax
 from llmbook.registry import implements
 
@@ -42,12 +53,6 @@ def _prefix(prefix) -> Tensor:
     return t.long()
 
 
-def _pos_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def _next_scores(fn: StepFn, seq: Tensor, name: str, V: int | None) -> Tensor:
@@ -70,22 +75,30 @@ def length_penalty(log_prob, length, alpha: float):
     .. math:: s(y) = \frac{\log p(y\mid x)}{\big(\tfrac{5+|y|}{6}\big)^\alpha}
 
     ``log_prob`` is :math:`\log p(y\mid x) \le 0`, ``length`` is :math:`|y|` (generated tokens,
-    ``>= 0``), ``alpha`` is :math:`\alpha \ge 0` (``0``: raw log-probability; the paper uses 0.6-0.7).
+    an int ``>= 0``), ``alpha`` is :math:`\alpha \ge 0` (``0``: raw log-probability; the paper uses 0.6-0.7).
     Dividing a negative number by a factor that grows with length lifts long hypotheses, which
     raw log-probability (a sum of negative terms) penalises. Numbers in, float out; tensors
-    broadcast.
+    (a floating ``log_prob``, an integer ``length``) broadcast. A factor beyond the float range
+    (``alpha = 1e30``) gives the limit ``log_prob / inf = -0.0``.
 
     >>> length_penalty(-6.0, 7, 1.0)  # (5 + 7) / 6 = 2
     -3.0
     """
     check_range(alpha, "alpha", 0.0, math.inf, high_open=True)
-    if isinstance(log_prob, Tensor) or isinstance(length, Tensor):
-        lp, n = torch.as_tensor(log_prob), torch.as_tensor(length)
-        if (n < 0).any():
-            raise ValueError("length must be >= 0 (number of generated tokens)")
-        return lp / ((5 + n.to(lp.dtype if lp.is_floating_point() else torch.float64)) / 6) ** alpha
-    check_range(length, "length", 0.0)
-    return float(log_prob) / ((5 + length) / 6) ** alpha
+    if isinstance(length, Tensor):
+        n = check_integer_tensor(length, "length", "an integer tensor of token counts")
+        if n.numel() and n.min() < 0:
+            raise ValueError(f"length must be >= 0 (number of generated tokens), got {n.min().item()}")
+    else:
+        n = check_nonnegative_int(length, "length")
+    if isinstance(n, Tensor) or not is_real(log_prob):
+        lp = as_tensor(log_prob, "log_prob")
+        return lp / ((5 + torch.as_tensor(n).to(lp.dtype)) / 6) ** alpha
+    try:
+        factor = ((5 + n) / 6) ** alpha
+    except OverflowError:  # beyond the float range (say alpha = 1e30): the score is log p / inf = -0.0
+        factor = math.inf
+    return float(log_prob) / factor
 
 
 class Hypothesis(NamedTuple):
@@ -129,11 +142,10 @@ def beam_search(
     (tensor([0, 2, 2]), -0.9163)
     """
     seq0 = _prefix(prefix)
-    _pos_int(beam_width, "beam_width")
-    _pos_int(max_len, "max_len")
+    beam_width, max_len = check_positive_int(beam_width, "beam_width"), check_positive_int(max_len, "max_len")
     check_range(alpha, "alpha", 0.0, math.inf, high_open=True)
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or eos_id < 0):
-        raise ValueError(f"eos_id must be None or a token id >= 0, got {eos_id!r}")
+    if eos_id is not None:
+        eos_id = check_nonnegative_int(eos_id, "eos_id (None or a token id)")
     alive: list[tuple[Tensor, float]] = [(seq0, 0.0)]
     finished: list[tuple[Tensor, float]] = []
     V = None
@@ -202,7 +214,6 @@ def contrastive_decoding_scores(
     return score.masked_fill(~plausible, float("-inf"))
 
 
-@implements("09.09")
 def contrastive_decode_step(
     expert_logits: Float[Tensor, "... V"], amateur_logits: Float[Tensor, "... V"], alpha: float = 1.0,
     plausibility: float = 0.1,
@@ -282,7 +293,6 @@ def residual_distribution(p: Float[Tensor, "... V"], q: Float[Tensor, "... V"]) 
     return torch.where(s > 0, r / torch.where(s > 0, s, torch.ones_like(s)), p)
 
 
-@implements("09.10")
 def speculative_sample(
     p: Float[Tensor, "... V"], q: Float[Tensor, "... V"], generator: torch.Generator | None = None,
 ) -> tuple[Int[Tensor, "..."], Tensor]:
@@ -313,7 +323,6 @@ class SpeculativeResult(NamedTuple):
     n_accepted: int  # draft tokens accepted
 
 
-@implements("09.10")
 def speculative_decode(
     target_fn: StepFn, draft_fn: StepFn, prefix: Int[Tensor, " S"], n_draft: int, max_new_tokens: int,
     generator: torch.Generator | None = None,
@@ -336,8 +345,8 @@ def speculative_decode(
     SpeculativeResult(tokens=tensor([0, 1, 1, 1, 1, 1]), n_drafted=3, n_accepted=3)
     """
     seq = _prefix(prefix)
-    _pos_int(n_draft, "n_draft")
-    _pos_int(max_new_tokens, "max_new_tokens")
+    n_draft = check_positive_int(n_draft, "n_draft")
+    max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
     V = None
     n_drafted = n_accepted = 0
     goal = seq.numel() + max_new_tokens

@@ -22,8 +22,9 @@ import itertools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from numbers import Real
 from typing import Any
+
+from llmbook._checks import is_int, is_real
 
 __all__ = ["Param", "Explorer", "has_stack", "on_colab"]
 
@@ -58,11 +59,11 @@ class Param:
 
     @property
     def numeric(self) -> bool:
-        return all(isinstance(v, Real) and not isinstance(v, bool) for v in self.values)
+        return all(is_real(v) for v in self.values)
 
     @property
     def integer(self) -> bool:
-        return all(isinstance(v, int) and not isinstance(v, bool) for v in self.values)
+        return all(is_int(v) for v in self.values)
 
 
 def on_colab() -> bool:

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from llmbook._checks import check_choice, check_int, check_nonnegative_int, check_positive_int, check_range
 from llmbook.lm.context_extension import scaled_inv_freq, unseen_angle_pairs
-from llmbook.lm.positions import apply_rope, rope_cos_sin, rope_inv_freq
+from llmbook.lm.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from llmbook.widgets.explorer import Explorer, Param
 
 __all__ = ["METHOD_LABELS", "OFFSETS", "PAIRS", "FACTORS", "RopeView", "rope_view", "draw_rope", "rope_explorer"]
@@ -82,13 +83,16 @@ def rope_view(offset: int = 0, pair: int = 6, method: str = "none", factor: floa
     shrinking with oscillations. Distances are log-spaced from 1 to ``L_target = factor * L_train`` for
     every method (``none`` included, to show what the unscaled model meets there).
     """
-    if method not in METHOD_LABELS:
-        raise ValueError(f"method must be one of {list(METHOD_LABELS)}, got {method!r}")
-    if not 0 <= pair < D // 2:
-        raise ValueError(f"pair ({pair}) must index one of the D/2 = {D // 2} frequency pairs")
-    if offset < 0:
-        raise ValueError(f"offset ({offset}) must be a non-negative position")
+    check_choice(method, "method", tuple(METHOD_LABELS))
+    D, L_train = check_positive_int(D, "D"), check_positive_int(L_train, "L_train")
+    pair = check_int(pair, "pair", low=0, high=D // 2 - 1,
+                     what=f"an int in [0, D/2) = [0, {D // 2}), one of the D/2 frequency pairs")
+    offset = check_nonnegative_int(offset, "offset (a position)")
+    n_points = check_int(n_points, "n_points", low=2)
+    check_range(factor, "factor", 1.0)
     L_target = int(round(factor * L_train))
+    if L_target < 2:
+        raise ValueError(f"L_target = factor * L_train = {factor} * {L_train} must be >= 2 (distances from 1)")
     inv0 = rope_inv_freq(D, base)
     inv, a = scaled_inv_freq(method, D, base, factor, L_train)
     q = torch.ones(D, dtype=torch.float64)

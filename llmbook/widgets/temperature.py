@@ -14,6 +14,7 @@ from functools import cache
 
 import torch
 
+from llmbook._checks import check_positive_int, check_unit_interval
 from llmbook.data import corpus
 from llmbook.lm.decoding import apply_temperature, min_p_filter, sample, top_k_filter, top_p_filter
 from llmbook.lm.ngram import NGramLM, byte_tokens
@@ -42,6 +43,8 @@ def parse_filter(spec: str) -> dict:
     >>> parse_filter("top-k 5"), parse_filter("none")
     ({'top_k': 5}, {})
     """
+    if not isinstance(spec, str):
+        raise TypeError(f"filter must be a str such as 'top-p 0.9' or 'none', got {type(spec).__name__}")
     name, _, value = spec.strip().partition(" ")
     if name == "none" and not value:
         return {}
@@ -49,7 +52,16 @@ def parse_filter(spec: str) -> dict:
     if name not in kinds or not value:
         raise ValueError(f"filter must be 'none' or one of {sorted(kinds)} followed by a value, got {spec!r}")
     key, cast = kinds[name]
-    return {key: cast(value)}
+    try:
+        number = cast(value.strip())
+    except ValueError:
+        kind = "an int" if cast is int else "a number"
+        raise ValueError(f"the value of the {name} filter must be {kind}, got {value.strip()!r} in {spec!r}") from None
+    if key == "top_k":
+        check_positive_int(number, "top-k's k")
+    else:  # top-p's p in (0, 1], min-p's alpha in [0, 1], as sample() checks them
+        check_unit_interval(number, f"{name}'s value", low_open=key == "top_p")
+    return {key: number}
 
 
 def _warp(logits: torch.Tensor, tau: float, filt: dict) -> torch.Tensor:

@@ -7,9 +7,11 @@ kernels on the GPU, plus bfloat16 and larger sizes through the autotuner.
 
 The oracle is written here: ``softmax(Q K^T * scale + M) V`` in float64 (``M`` the causal mask,
 last query aligned with last key), ``torch.logsumexp`` for the log-sum-exp and ``torch.autograd`` for
-the gradients. Inputs are fresh on every run: each test draws a seed, prints it on failure, and
-``LLMBOOK_TEST_SEED=<seed>`` replays it. Every kernel output is allocated filled with NaN, so an
-element the kernel forgets to write fails the comparison.
+the gradients (and ``torch.nn.functional.scaled_dot_product_attention`` for the autograd Function
+called with its defaults). Inputs are fresh on every run: each test draws its inputs from a
+``torch.Generator`` seeded with a fresh seed, which it prints (pytest shows it on failure) and names
+in every assertion message; ``LLMBOOK_TEST_SEED=<seed>`` replays it. Every kernel output is
+allocated filled with NaN, so an element the kernel forgets to write fails the comparison.
 
 Tolerances (``atol`` is scaled by ``max(1, max |reference|)``; ``rtol`` equal to it):
 float32 ``2e-5`` (the interpreter's float32 dots are exact, and on CUDA the kernel uses IEEE float32
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton in this process
@@ -33,21 +36,23 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import llmbook.kernels.flash_attention as fa  # noqa: E402
-import llmbook.kernels.flash_attention_kernels as fak  # noqa: E402
+from llmbook.kernels import runtime  # noqa: E402
 from llmbook.kernels.flash_attention import (  # noqa: E402
+    FlashAttentionFunction,
     flash_attention,
     flash_attention_forward,
     flash_attention_triton,
+    length_bucket,
 )
 
 
 def _triton_mode() -> tuple[bool, bool]:
     """(usable, interpreted): triton imports, in the interpreter mode that TRITON_INTERPRET asks for."""
-    if not fa.triton_available():
+    if not runtime.triton_available():
         return False, False
     try:
-        return True, fa._interpreting()
-    except RuntimeError:  # triton was imported by someone else before TRITON_INTERPRET was set
+        return True, runtime.interpreting()
+    except runtime.TritonModeError:  # triton was imported by someone else before TRITON_INTERPRET was set
         return False, False
 
 
@@ -61,14 +66,18 @@ TOL = {  # dtype -> (output / lse, gradients), relative to max(1, max |reference
 }
 needs_kernel = pytest.mark.skipif(not RUNS_KERNEL, reason="needs triton with CUDA, or TRITON_INTERPRET=1 set "
                                   "before triton is first imported")
-needs_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA and compiled Triton (not the interpreter)")
+requires_cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs CUDA and compiled Triton (not the interpreter)")
+interpreter_only = pytest.mark.skipif(not INTERPRET, reason="checks the CUDA code paths on the CPU, through the "
+                                      "interpreter")
 
 
 @pytest.fixture
 def seed():
-    """A fresh seed per test run (``LLMBOOK_TEST_SEED`` replays one)."""
+    """A fresh seed per test run, printed (``LLMBOOK_TEST_SEED`` replays one)."""
     given_seed = os.environ.get("LLMBOOK_TEST_SEED")
-    return int(given_seed) if given_seed else random.SystemRandom().randrange(2**31)
+    value = int(given_seed) if given_seed else random.SystemRandom().randrange(2**31)
+    print(f"input seed {value} (replay with LLMBOOK_TEST_SEED={value})")
+    return value
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +170,6 @@ def test_forward_output_and_lse_match_float64(case, seed):
     close(lse, lse_ref, TOL[case.dtype][0], "log-sum-exp", seed, case)
 
 
-@needs_kernel
 def run_backward(case, seed):
     """Forward + backward through the kernel and through the float64 oracle: (o, leaves, o_ref, ref_leaves)."""
     q, k, v, do = make_inputs(case, seed)
@@ -174,6 +182,7 @@ def run_backward(case, seed):
     return o, leaves, o_ref, ref_leaves
 
 
+@needs_kernel
 @pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V, torch.logsumexp, torch.autograd")
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_backward_gradients_match_float64_autograd(case, seed):
@@ -259,7 +268,7 @@ def test_auto_backend_runs_torch_off_cuda(monkeypatch):
         ((1, 2, 4, 16), (1, 2, 4, 8), (1, 2, 4, 8), {}, ValueError, "to match q"),
         ((1, 2, 4, 16), (1, 2, 4, 16), (1, 2, 5, 16), {}, ValueError, "must have the same shape"),
         ((1, 2, 0, 16), (1, 2, 4, 16), (1, 2, 4, 16), {}, ValueError, "empty input"),
-        ((1, 2, 4, 16), (1, 2, 4, 16), (1, 2, 4, 16), dict(scale=-1.0), ValueError, "positive finite"),
+        ((1, 2, 4, 16), (1, 2, 4, 16), (1, 2, 4, 16), dict(scale=-1.0), ValueError, r"scale .*-1\.0"),
     ],
 )
 def test_bad_shapes_and_arguments_are_rejected(q_shape, k_shape, v_shape, kwargs, error, match):
@@ -280,7 +289,7 @@ def test_bad_dtypes_are_rejected():
 @pytest.mark.parametrize(
     "dtype, D, blocks, error, match",
     [
-        (torch.float64, 16, (16, 16), TypeError, "supports float16, bfloat16 and float32"),
+        (torch.float64, 16, (16, 16), TypeError, r"supports float16, bfloat16, float32, got torch.float64"),
         (torch.float32, 160, (16, 16), ValueError, r"D <= 128, got D = 160"),
         (torch.float32, 16, (16, None), ValueError, "both block_m and block_n"),
         (torch.float32, 16, (24, 16), ValueError, "power of two >= 16"),
@@ -293,16 +302,150 @@ def test_what_the_kernel_cannot_run_gets_a_clear_error(dtype, D, blocks, error, 
         flash_attention_triton(x, x, x, block_m=blocks[0], block_n=blocks[1])
     with pytest.raises(error, match=match):
         flash_attention_forward(x, x, x, block_m=blocks[0], block_n=blocks[1])
+    with pytest.raises(error, match=match):
+        flash_attention(x, x, x, backend="triton", block_m=blocks[0], block_n=blocks[1])
 
 
-@pytest.mark.skipif(not INTERPRET, reason="only the interpreter refuses to autotune")
-def test_interpreter_needs_explicit_block_sizes():
-    x = torch.randn(1, 2, 4, 16)
-    with pytest.raises(ValueError, match="cannot autotune"):
-        flash_attention_triton(x, x, x)
+@pytest.mark.skipif(not INTERPRET, reason="only the interpreter computes bfloat16 dots wrongly")
+def test_interpreter_refuses_bfloat16_and_auto_falls_back(seed):
+    """Issue 11 item 9: bfloat16 in the interpreter is a clear TypeError; ``auto`` runs PyTorch instead."""
+    case = Case(1, 2, 2, 20, 20, 16, True, torch.bfloat16, (16, 16))
+    q, k, v, _ = make_inputs(case, seed)
+    for fn in (flash_attention_triton, flash_attention_forward):
+        with pytest.raises(TypeError, match=r"refuses torch.bfloat16 in Triton's CPU interpreter: .*tl.dot"):
+            fn(q, k, v, causal=True)
+    with pytest.raises(TypeError, match="bfloat16"):
+        flash_attention(q, k, v, causal=True, backend="triton")
+    o = flash_attention(q, k, v, causal=True)  # auto: PyTorch
+    close(o, oracle(q, k, v, True)[0], TOL[torch.bfloat16][0], "output", seed, case)
 
 
-@pytest.mark.skipif(not INTERPRET, reason="checks the CUDA code paths on the CPU, through the interpreter")
+class _FakeCuda:
+    """Stands in for a CUDA tensor in the backend choice (only what the choice reads)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype, self.is_cuda, self.device = shape, dtype, True, torch.device("cuda")
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the choice reads the mode triton runs in")
+@pytest.mark.parametrize("dtype, D, blocks, expected", [
+    (torch.float32, 64, (None, None), "triton"),
+    (torch.float16, 128, (32, 16), "triton"),
+    (torch.float32, 160, (None, None), "torch"),  # D > 128
+    (torch.float64, 64, (None, None), "torch"),  # no float64 kernel
+    (torch.bfloat16, 64, (None, None), "torch"),  # the interpreter's bfloat16 dots are wrong
+    (torch.float32, 64, (8, 8), "torch"),  # tiles the kernel cannot use
+])
+def test_auto_backend_falls_back_to_torch_where_the_kernel_cannot_run(dtype, D, blocks, expected):
+    assert fa._auto_backend(_FakeCuda((1, 2, 5, D), dtype), *blocks) == expected
+    assert fa._auto_backend(torch.zeros(1, 2, 5, D, dtype=dtype), *blocks) == "torch"  # CPU tensors: always
+
+
+@pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V, torch.autograd")
+@pytest.mark.parametrize("D", [160, 8])
+def test_auto_backend_runs_what_the_kernel_cannot(D, seed):
+    """D > 128 or tiny tiles: ``auto`` runs PyTorch on any device instead of raising."""
+    case = Case(1, 2, 2, 9, 13, D, True, torch.float32, (8, 8))
+    q, k, v, do = make_inputs(case, seed)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o = flash_attention(*leaves, causal=True, block_m=8, block_n=8)
+    o.backward(do)
+    ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    o_ref, _ = oracle(*ref_leaves, causal=True)
+    o_ref.backward(do.double())
+    close(o, o_ref, 1e-5, "output", seed, case)
+    for name, ours, ref in zip(("dq", "dk", "dv"), leaves, ref_leaves, strict=True):
+        close(ours.grad, ref.grad, 1e-5, name, seed, case)
+
+
+@needs_kernel
+@pytest.mark.parametrize("backend, blocks", [("triton", (16, 32)), ("torch", (8, 4)), ("auto", (16, 16))])
+def test_block_sizes_reach_every_backend(monkeypatch, backend, blocks, seed):
+    """``block_m``/``block_n`` get to the Triton launch and to the tiled PyTorch version alike."""
+    import llmbook.lm.flash as flash
+
+    seen = []
+    forward, tiled = fa._forward, flash.tiled_attention
+    monkeypatch.setattr(fa, "_forward", lambda *a, **kw: seen.append(("triton", a[5])) or forward(*a, **kw))
+    monkeypatch.setattr(flash, "tiled_attention",
+                        lambda *a, **kw: seen.append(("torch", (kw["block_q"], kw["block_k"]))) or tiled(*a, **kw))
+    case = Case(1, 2, 2, 21, 37, 16, True, torch.float32, blocks)
+    q, k, v, _ = make_inputs(case, seed)
+    o = flash_attention(q, k, v, causal=True, backend=backend, block_m=blocks[0], block_n=blocks[1])
+    ran = "triton" if backend == "triton" or (backend == "auto" and DEVICE == "cuda") else "torch"
+    assert seen == [(ran, blocks)], f"seed {seed}: {seen}"
+    close(o, oracle(q, k, v, True)[0], 2e-5, "output", seed, case)
+
+
+@needs_kernel
+@pytest.mark.equation("03.13", oracle="torch.nn.functional.scaled_dot_product_attention in float64, torch.autograd")
+@pytest.mark.parametrize("shape", [(2, 37, 16), (1, 2, 37, 32)], ids=["BTD", "BHTD"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_autograd_function_with_defaults_matches_torch_sdpa(shape, causal, seed):
+    """``FlashAttentionFunction.apply(q, k, v)`` is used like ``TiledAttention``: defaults, 3-D or 4-D."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(4))
+    leaves = [x.to(DEVICE, torch.float32).requires_grad_() for x in (q, k, v)]
+    o = FlashAttentionFunction.apply(*leaves) if not causal else FlashAttentionFunction.apply(*leaves, True)
+    lse = o.grad_fn.saved_tensors[-1]  # read before backward frees it
+    o.backward(do.to(DEVICE, torch.float32))
+    assert lse.shape == shape[:-1] and lse.dtype == torch.float32, f"saved log-sum-exp {tuple(lse.shape)}"
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_ref = F.scaled_dot_product_attention(*ref_leaves, is_causal=causal)  # scale 1/sqrt(D) by default
+    o_ref.backward(do)
+    case = f"FlashAttentionFunction{shape} causal={causal}"
+    close(o, o_ref, 2e-5, "output", seed, case)
+    close(lse, oracle(q, k, v, causal)[1], 2e-5, "log-sum-exp", seed, case)
+    for name, ours, ref in zip(("dq", "dk", "dv"), leaves, ref_leaves, strict=True):
+        assert ours.grad.shape == ours.shape
+        close(ours.grad, ref.grad, 2e-5, name, seed, case)
+
+
+@interpreter_only
+def test_interpreter_uses_fixed_block_sizes_by_default(monkeypatch, seed):
+    """Without block sizes the interpreter (which cannot autotune) launches ``INTERPRETER_BLOCKS``."""
+    seen = []
+    forward = fa._forward
+    monkeypatch.setattr(fa, "_forward", lambda *a, **kw: seen.append(a[5]) or forward(*a, **kw))
+    case = Case(1, 0, 0, 10, 10, 16, False, torch.float32, fa.INTERPRETER_BLOCKS)
+    q, k, v, _ = make_inputs(case, seed)
+    close(flash_attention_triton(q, k, v), oracle(q, k, v, False)[0], 2e-5, "output", seed, case)
+    assert seen == [fa.INTERPRETER_BLOCKS]
+
+
+def test_length_buckets_are_powers_of_two():
+    assert {length_bucket(T) for T in range(100, 129)} == {128}
+    assert [length_bucket(T) for T in (1, 15, 16, 17, 32, 33, 4096, 4097)] == [16, 16, 16, 32, 32, 64, 4096, 8192]
+
+
+@interpreter_only
+def test_autotuning_is_keyed_on_length_buckets(monkeypatch, seed):
+    """A KV cache growing from 100 to 128 keys is tuned once; 129 keys (the next bucket) tunes again."""
+    kernels = fa._kernels()
+    tuned = kernels.TUNED["fwd"]
+    assert tuned.keys == kernels.TUNING_KEY and kernels.TUNING_KEY[:2] == ["TQ_BUCKET", "TK_BUCKET"]
+    benched = []
+
+    def fake_bench(fn, quantiles):  # the interpreter cannot time kernels: rank the candidates in order
+        benched.append(1)
+        return [float(len(benched))] * 3
+
+    monkeypatch.setattr(kernels, "_tuning_bench", fake_bench)
+    monkeypatch.setattr(tuned, "cache", {})  # forget what earlier tests tuned
+    monkeypatch.setattr(fa, "INTERPRETER_BLOCKS", None)  # autotune, as on CUDA
+    runs = {}
+    for T_k in (100, 101, 127, 128, 129):
+        case = Case(1, 1, 1, 1, T_k, 16, True, torch.float16, (0, 0))  # one new query against the cache
+        q, k, v, _ = make_inputs(case, seed)
+        o, _ = flash_attention_forward(q, k, v, causal=True)
+        close(o, oracle(q, k, v, True)[0], TOL[case.dtype][0], "output", seed, case)
+        runs[T_k] = len(benched)
+    n = len(kernels.TUNING["fwd"][64])
+    assert runs == {100: n, 101: n, 127: n, 128: n, 129: 2 * n}, f"benchmark calls after each length: {runs}"
+    assert sorted(key[:2] for key in tuned.cache) == [(16, 128), (16, 256)]
+
+
+@interpreter_only
 @pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
 def test_every_autotuning_candidate_computes_the_same_attention(kind, seed):
     """Each (BLOCK_M, BLOCK_N) the autotuner may pick on CUDA, run with explicit blocks in the interpreter."""
@@ -311,7 +454,7 @@ def test_every_autotuning_candidate_computes_the_same_attention(kind, seed):
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     o_ref, lse_ref = oracle(*ref_leaves, causal=True)
     o_ref.backward(do.double())
-    for bm, bn in sorted({tile[:2] for tiles in fa.TUNING[kind].values() for tile in tiles}):
+    for bm, bn in sorted({tile[:2] for tiles in fa._kernels().TUNING[kind].values() for tile in tiles}):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
         o = flash_attention_triton(*leaves, causal=True, block_m=bm, block_n=bn)
         o.backward(do)
@@ -321,7 +464,7 @@ def test_every_autotuning_candidate_computes_the_same_attention(kind, seed):
             close(ours.grad, ref.grad, 2e-5, name, seed, case)
 
 
-@pytest.mark.skipif(not INTERPRET, reason="checks the CUDA code paths on the CPU, through the interpreter")
+@interpreter_only
 def test_autotuner_plumbing_in_the_interpreter(monkeypatch, seed):
     """The autotuned launch (grid from the chosen config, tuning key, warm-up compile) without a GPU.
 
@@ -335,16 +478,20 @@ def test_autotuner_plumbing_in_the_interpreter(monkeypatch, seed):
         ran.append(1)
         return [1.0 / len(ran)] * 3
 
-    monkeypatch.setattr(fak, "_tuning_bench", fake_bench)
-    case = Case(1, 2, 2, 29 + seed % 7, 33, 32, bool(seed % 2), torch.float16, (0, 0))  # a fresh tuning key
+    kernels = fa._kernels()
+    monkeypatch.setattr(kernels, "_tuning_bench", fake_bench)
+    for kind in ("fwd", "dkdv", "dq"):
+        monkeypatch.setattr(kernels.TUNED[kind], "cache", {})  # a fresh tuning key
+    monkeypatch.setattr(fa, "INTERPRETER_BLOCKS", None)  # autotune, as on CUDA
+    case = Case(1, 2, 2, 29 + seed % 7, 33, 32, bool(seed % 2), torch.float16, (0, 0))
     q, k, v, do = make_inputs(case, seed)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o = fa.FlashAttentionFunction.apply(*leaves, case.causal, case.D**-0.5, None)
+    o = FlashAttentionFunction.apply(*leaves, case.causal)
     o.backward(do)
-    _, tuned = fa._kernels(True)
-    assert len(ran) >= len(fa.TUNING["fwd"][64]), "the autotuner did not try the forward candidates"
-    best = tuned["fwd"].best_config
-    assert (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages) == fa.TUNING["fwd"][64][-1]
+    tuning = kernels.TUNING
+    assert len(ran) >= len(tuning["fwd"][64]), "the autotuner did not try the forward candidates"
+    best = kernels.TUNED["fwd"].best_config
+    assert (best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages) == tuning["fwd"][64][-1]
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     o_ref, _ = oracle(*ref_leaves, causal=case.causal)
     o_ref.backward(do.double())
@@ -355,9 +502,11 @@ def test_autotuner_plumbing_in_the_interpreter(monkeypatch, seed):
 
 
 def test_import_needs_no_triton():
-    """``import llmbook`` and the torch backend work where triton is not installed."""
+    """``import llmbook``, the registry's import of every module and the torch backend work without triton."""
     code = ("import sys; sys.modules['triton'] = None\n"
             "import torch, llmbook, llmbook.kernels.flash_attention as fa\n"
+            "from llmbook.registry import load_all\n"
+            "load_all()\n"
             "assert not fa.triton_available()\n"
             "q = torch.randn(1, 3, 8)\n"
             "assert fa.flash_attention(q, q, q, causal=True).shape == (1, 3, 8)\n"
@@ -365,6 +514,7 @@ def test_import_needs_no_triton():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "TRITON_INTERPRET": "0"})
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-2000:]
+    assert "needs the optional dependency triton" in out.stdout, out.stdout
 
 
 # ---------------------------------------------------------------------------------------------- CUDA only
@@ -378,7 +528,7 @@ CUDA_CASES = [
 ]
 
 
-@needs_cuda
+@requires_cuda
 @pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V, torch.logsumexp, torch.autograd")
 @pytest.mark.parametrize("case", CUDA_CASES, ids=str)
 def test_cuda_autotuned_forward_and_backward_match_float64(case, seed):
@@ -396,7 +546,7 @@ def test_cuda_autotuned_forward_and_backward_match_float64(case, seed):
         close(ours.grad, ref.grad, TOL[case.dtype][1], name, seed, case)
 
 
-@needs_cuda
+@requires_cuda
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_cuda_small_cases_in_bfloat16(case, seed):
     case = Case(case.B, case.H, case.H_kv, case.T_q, case.T_k, case.D, case.causal, torch.bfloat16, case.blocks)
@@ -406,7 +556,7 @@ def test_cuda_small_cases_in_bfloat16(case, seed):
         close(ours.grad, ref.grad, TOL[case.dtype][1], name, seed, case)
 
 
-@needs_cuda
+@requires_cuda
 def test_cuda_memory_grows_linearly_in_T():
     """No T x T buffer: doubling T doubles the forward's extra memory (naive attention would quadruple it)."""
     extra = []

@@ -158,7 +158,7 @@ def test_gated_bad_input():
         reglu(torch.randn(3, 8, dtype=torch.float64), W_a, W_b[:, :5])
     with pytest.raises(ValueError, match="approximate"):
         geglu(torch.randn(3, 8, dtype=torch.float64), W_a, W_b, approximate="erf")
-    with pytest.raises(ValueError, match="must end in d_model"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d_model\) with d_model = 8, got \(3, 9\)"):
         SwiGLU(8, 12)(torch.randn(3, 9))
     with pytest.raises(ValueError, match="activation must be one of"):
         FeedForward(8, 32, activation="swish2")
@@ -187,3 +187,64 @@ def test_claim_C06_swiglu_8d_over_3_has_the_parameters_of_a_4d_ffn(d):
     assert n_swiglu == n_ffn == 8 * d * d
     assert swiglu_hidden_size(4096, multiple_of=256) == 11008  # Llama-7B's intermediate_size
     assert sum(p.numel() for p in nn.Linear(d, 4 * d, bias=False).parameters()) * 2 == n_ffn
+
+
+# ================================================================= issue 11: NaN, mixed dtypes, bad sizes
+
+
+def test_relu_propagates_nan_and_signed_zero_like_torch():
+    x = torch.tensor([float("nan"), -0.0, 0.0, -1.0, 3.0, float("-inf"), float("inf")])
+    out, ref = relu(x), F.relu(x)  # oracle: torch.nn.functional.relu, bit for bit
+    assert torch.equal(out.isnan(), ref.isnan()) and out.isnan()[0]
+    assert torch.equal(out[1:], ref[1:]) and torch.equal(out[1:].signbit(), ref[1:].signbit())
+
+
+@pytest.mark.parametrize("fn", [glu, swiglu])
+def test_gated_rejects_mixed_dtypes(fn):
+    W_a, W_b = weights(8, 12)  # float64
+    with pytest.raises(TypeError, match=r"x \(torch.float32\) and W_\w+ \(torch.float64\) must share one dtype"):
+        fn(torch.randn(3, 8), W_a, W_b)
+    with pytest.raises(TypeError, match=r"x \(torch.float64\) and W_down \(torch.float32\) must share one dtype"):
+        swiglu(torch.randn(3, 8, dtype=torch.float64), W_a, W_b, torch.randn(12, 8))
+
+
+def test_gated_bias_checks():
+    W_a, W_b = weights(8, 12)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"the bias of W_a must have shape \(12,\), got \(8,\)"):
+        glu(x, W_a, W_b, b_a=torch.zeros(8, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"the bias of W_b \(torch.float32\) and W_b \(torch.float64\) must share"):
+        glu(x, W_a, W_b, b_b=torch.zeros(12))
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: swiglu_hidden_size(768, ffn_mult=-1), ValueError, r"ffn_mult must lie in \(0.0, inf\), got -1"),
+        (lambda: swiglu_hidden_size(768, ffn_mult=float("inf")), ValueError, r"ffn_mult must lie in \(0.0, inf\)"),
+        (lambda: swiglu_hidden_size(768, ffn_mult="4"), TypeError, r"ffn_mult must be a real number, got '4'"),
+        (lambda: swiglu_hidden_size(1, ffn_mult=0.5), ValueError, r"ffn_mult \* d_model = 0.5 \* 1 is too small"),
+        (lambda: swiglu_hidden_size(768.0), TypeError, r"d_model must be a positive int, got 768.0 \(float\)"),
+        (lambda: swiglu_hidden_size(768, multiple_of=0), ValueError, r"multiple_of must be a positive int, got 0"),
+        (lambda: SwiGLU(8, True), TypeError, r"d_ff must be a positive int, got True \(bool\)"),
+        (lambda: SwiGLU(0, 4), ValueError, r"d_model must be a positive int, got 0"),
+    ],
+)
+def test_sizes_reject_bad_values(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("cls", [GLUFFN, ReGLU, GeGLU, SwiGLU])
+def test_gated_modules_check_their_input_before_nn_linear(cls):
+    """Issue 11: int/bool x reached nn.Linear (a RuntimeError from torch), a list gave an AttributeError."""
+    ffn = cls(8, 12)
+    x = torch.randn(2, 3, 8)
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=rf"x must be a real floating-point tensor, got dtype {dt}"):
+            ffn(x.to(dt))
+    with pytest.raises(TypeError, match="x must be a tensor, got list"):
+        ffn(x.tolist())
+    with pytest.raises(TypeError, match=r"x \(torch.float64\) must have the dtype of the \w+'s parameters "
+                                        r"\(torch.float32\)"):
+        ffn(x.double())

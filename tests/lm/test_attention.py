@@ -306,8 +306,12 @@ def test_bad_inputs_are_rejected():
         scaled_dot_product_attention(q, k, v, mask=torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool"):
         scaled_dot_product_attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.long))
-    with pytest.raises(ValueError, match="scale must be"):
+    with pytest.raises(ValueError, match=r"scale must lie in \(0.0, inf\), got -1.0"):
         scaled_dot_product_attention(q, k, v, scale=-1.0)
+    with pytest.raises(TypeError, match=r"scale must be a real number, got '0.5' \(str\)"):
+        scaled_dot_product_attention(q, k, v, scale="0.5")
+    with pytest.raises(ValueError, match=r"scale must lie in \(0.0, inf\), got inf"):
+        scaled_dot_product_attention(q, k, v, scale=float("inf"))
     with pytest.raises(ValueError, match=r"d_model \(30\) must be divisible by n_heads \(4\)"):
         MultiHeadAttention(30, 4)
     with pytest.raises(ValueError, match=r"n_heads \(4\) must be divisible by n_kv_heads \(3\)"):
@@ -368,3 +372,222 @@ def test_claim_c04_unscaled_softmax_saturates_and_its_jacobian_collapses():
     assert norms["raw", 1024] < 0.01 * norms["scaled", 1024]
     scaled = [norms["scaled", d] for d in (64, 256, 1024)]
     assert max(scaled) / min(scaled) < 1.25
+
+
+# ================================================================= causal alignment, RoPE layout, per-sequence RoPE
+
+
+@pytest.mark.equation("03.02", oracle="F.scaled_dot_product_attention(is_causal=True) (top-left); "
+                      "explicit torch.tril(ones, diagonal=T_k - T_q) mask (bottom-right)")
+@pytest.mark.parametrize("T_q, T_k", [(3, 8), (7, 4), (5, 5), (1, 6)])
+def test_causal_alignment_options(T_q, T_k):
+    q, k, v = qkv(T_q=T_q, T_k=T_k)
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    bottom = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T_q, T_k, dtype=torch.bool).tril(T_k - T_q))
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="top_left"),
+                               top_left, **F32)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="bottom_right"),
+                               bottom, **F32)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True), bottom, **F32)  # the default
+    assert torch.equal(causal_mask(T_q, T_k, alignment="top_left"), torch.ones(T_q, T_k, dtype=torch.bool).tril())
+    if T_q != T_k:  # the two conventions really differ here
+        assert not torch.equal(causal_mask(T_q, T_k, alignment="top_left"), causal_mask(T_q, T_k))
+
+
+def test_mha_passes_causal_alignment_through():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2).double().eval()
+    x, context = torch.randn(2, 3, 16, dtype=torch.float64), torch.randn(2, 7, 16, dtype=torch.float64)
+    D = mha.head_dim
+    q = F.linear(x, mha.q_proj.weight).view(2, 3, 2, D).transpose(1, 2)
+    k = F.linear(context, mha.k_proj.weight).view(2, 7, 2, D).transpose(1, 2)
+    v = F.linear(context, mha.v_proj.weight).view(2, 7, 2, D).transpose(1, 2)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # top-left
+    ref = F.linear(ref.transpose(1, 2).reshape(2, 3, 16), mha.o_proj.weight)
+    with torch.no_grad():
+        ours = mha(x, context=context, is_causal=True, causal_alignment="top_left")
+    torch.testing.assert_close(ours, ref, **F64)
+
+
+@pytest.mark.equation("03.03", oracle="half-layout MultiHeadAttention with q/k rows permuted by HF's permute formula")
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_mha_interleaved_layout_equals_half_layout_with_converted_weights(n_kv_heads):
+    from llmbook.lm.positions import rope_cos_sin
+
+    C, H, T = 32, 4, 6
+    D = C // H
+    torch.manual_seed(1)
+    inter = MultiHeadAttention(C, H, n_kv_heads, rope_layout="interleaved").double().eval()
+    half = MultiHeadAttention(C, H, n_kv_heads, rope_layout="half").double().eval()
+
+    def hf_permute(w, n):  # convert_llama_weights_to_hf.py, written out independently of llmbook
+        return w.view(n, D // 2, 2, C).transpose(1, 2).reshape(n * D, C)
+
+    state = inter.state_dict()
+    half.load_state_dict({**state, "q_proj.weight": hf_permute(state["q_proj.weight"], H),
+                          "k_proj.weight": hf_permute(state["k_proj.weight"], n_kv_heads)})
+    x = torch.randn(2, T, C, dtype=torch.float64)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5], [3, 4, 5, 6, 7, 8]])
+    for rope in (rope_cos_sin(T, D, dtype=torch.float64), rope_cos_sin(positions, D, dtype=torch.float64)):
+        with torch.no_grad():
+            a, b = inter(x, is_causal=True, rope=rope), half(x, is_causal=True, rope=rope)
+        torch.testing.assert_close(a, b, **F64)
+    half.load_state_dict(state)  # the layout matters: unconverted weights under the half layout differ
+    with torch.no_grad():
+        assert not torch.allclose(inter(x, rope=rope), half(x, rope=rope), atol=1e-3)
+
+
+@pytest.mark.equation("03.06", oracle="transformers LlamaAttention with LlamaRotaryEmbedding, position_ids (B, T)")
+def test_mha_per_sequence_rope_matches_llama_position_ids():
+    from llmbook.lm.positions import rope_cos_sin
+
+    gqa = GroupedQueryAttention(d_model=32, n_heads=4, n_kv_heads=2).eval()
+    ref, config = llama_reference(gqa, 2)
+    x = torch.randn(2, 6, 32)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 5], [10, 11, 12, 13, 14, 15]])
+    cos_ref, sin_ref = modeling_llama.LlamaRotaryEmbedding(config)(x, position_ids)  # (B, T, D)
+    causal = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    with torch.no_grad():
+        expected = ref(x, position_embeddings=(cos_ref, sin_ref), attention_mask=causal[None, None])[0]
+        ours = gqa(x, is_causal=True, rope=rope_cos_sin(position_ids, gqa.head_dim))
+        torch.testing.assert_close(ours, expected, **F32)
+        for b in range(2):  # each sequence alone with its own (T,) positions
+            alone = gqa(x[b:b + 1], is_causal=True, rope=rope_cos_sin(position_ids[b], gqa.head_dim))
+            torch.testing.assert_close(ours[b:b + 1], alone, **F32)
+
+
+def test_layout_alignment_and_rope_table_errors():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="causal alignment must be 'bottom_right'.*got 'lower_right'"):
+        scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="lower_right")
+    with pytest.raises(ValueError, match="causal alignment must be"):
+        causal_mask(3, 4, alignment="left")
+    with pytest.raises(ValueError, match="RoPE layout must be 'half'"):
+        MultiHeadAttention(32, 4, rope_layout="meta")
+    cos = torch.ones(3, 5, 8)
+    with pytest.raises(ValueError, match=r"rope \(cos, sin\) must each have shape \(T, D\) = \(5, 8\) or "
+                                         r"\(B, T, D\) = \(2, 5, 8\), got \(3, 5, 8\)"):
+        MultiHeadAttention(32, 4)(torch.randn(2, 5, 32), rope=(cos, cos))
+
+
+# ================================================================= fp16 / bf16 and mask contracts (issue 11)
+
+# Low-precision outputs against torch on the float64 upcast: the output rounds once to the dtype, so a
+# few units in its last place (fp16: 2^-11, bf16: 2^-8) times |v| ~ 1.
+HALF_TOL = {torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+
+
+def test_sdpa_fp16_large_scores_issue_case():
+    # q k^T = 64 * 1600 = 102400 overflows fp16 (max 65504) unless scaled or accumulated in float32
+    q = torch.full((1, 1, 2, 64), 40.0, dtype=torch.float16)
+    out = scaled_dot_product_attention(q, q, q)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q), rtol=0, atol=0)
+    torch.testing.assert_close(out, torch.full_like(q, 40.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+def test_sdpa_and_modules_in_half_precision_match_float64(dtype, scale):
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(2, 4, 5, 16, generator=g) * scale).to(dtype)
+    k = (torch.randn(2, 2, 7, 16, generator=g) * scale).to(dtype)
+    v = torch.randn(2, 2, 7, 16, generator=g).to(dtype)
+    mask = torch.rand(5, 7, generator=g) > 0.3
+    mask[:, 0] = True
+    out, w = scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    assert out.dtype == w.dtype == dtype
+    k64, v64 = (x.double().repeat_interleave(2, dim=1) for x in (k, v))
+    ref = F.scaled_dot_product_attention(q.double(), k64, v64, attn_mask=mask)
+    torch.testing.assert_close(out.double(), ref, **HALF_TOL[dtype])
+    ref_c = F.scaled_dot_product_attention(q.double(), k64, v64, attn_mask=causal_lower_right(5, 7))
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, is_causal=True).double(), ref_c,
+                               **HALF_TOL[dtype])
+    # the modules: the same weights in float64 are the oracle
+    torch.manual_seed(0)
+    mha = GroupedQueryAttention(32, 4, 2)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.mul_(scale ** 0.5)
+    x = torch.randn(2, 6, 32, generator=g)
+    y = mha.to(dtype)(x.to(dtype), is_causal=True)
+    y64 = mha.double()(x.to(dtype).double(), is_causal=True)
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    scale_y = y64.abs().max().item()
+    torch.testing.assert_close(y.double() / scale_y, y64 / scale_y, rtol=0, atol=HALF_TOL[dtype]["atol"] * 8)
+
+
+def test_float_mask_broadcasting_with_but_not_to_the_scores_is_a_clear_error():
+    q = k = v = torch.randn(1, 2, 3, 4)
+    for mask in (torch.ones(3, 1, 3, 3, dtype=torch.bool), torch.zeros(3, 1, 3, 3)):
+        with pytest.raises(ValueError, match=r"mask \(3, 1, 3, 3\) must broadcast to .*\(1, 2, 3, 3\)"):
+            scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+def test_masked_softmax_validates_and_matches_torch():
+    s = torch.randn(2, 3, 5, dtype=torch.float64)
+    allowed = torch.rand(3, 5) > 0.4
+    allowed[:, 0] = True
+    torch.testing.assert_close(masked_softmax(s, allowed), torch.softmax(s.masked_fill(~allowed, -math.inf), -1),
+                               **F64)
+    with pytest.raises(TypeError, match="scores must be a real floating-point tensor, got dtype torch.int64"):
+        masked_softmax(torch.tensor([[1, 2]]))
+    with pytest.raises(TypeError, match="scores must be a tensor, got list"):
+        masked_softmax([[1.0, 2.0]])
+    with pytest.raises(TypeError, match="allowed must be a bool tensor"):
+        masked_softmax(s, allowed.float())
+    with pytest.raises(TypeError, match="allowed must be a bool tensor"):
+        masked_softmax(s, [True] * 5)
+    with pytest.raises(ValueError, match=r"allowed \(4, 5\) must broadcast to the scores \(2, 3, 5\)"):
+        masked_softmax(s, torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"allowed \(2, 2, 3, 5\) must broadcast to the scores \(2, 3, 5\)"):
+        masked_softmax(s, torch.ones(2, 2, 3, 5, dtype=torch.bool))
+    # fp16 scores: softmax in float32, weights back in fp16
+    s16 = (s * 1000).half()
+    w = masked_softmax(s16, allowed)
+    assert w.dtype == torch.float16
+    torch.testing.assert_close(w.double(), torch.softmax(s16.double().masked_fill(~allowed, -math.inf), -1),
+                               **HALF_TOL[torch.float16])
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttention, MultiQueryAttention, GroupedQueryAttention])
+def test_attention_modules_check_their_input_before_nn_linear(cls):
+    """Issue 11: int/bool x reached the projections (a RuntimeError from torch)."""
+    attn = cls(8, 2, n_kv_heads=1) if cls is GroupedQueryAttention else cls(8, 2)
+    x = torch.randn(2, 3, 8)
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=rf"x must be a real floating-point tensor, got dtype {dt}"):
+            attn(x.to(dt))
+    with pytest.raises(TypeError, match="x must be a tensor, got list"):
+        attn(x.tolist())
+    with pytest.raises(TypeError, match=r"x \(torch.float64\) must have the dtype of the \w+'s parameters "
+                                        r"\(torch.float32\)"):
+        attn(x.double())
+    cross = CrossAttention(8, 2)
+    with pytest.raises(TypeError, match=r"context must be a real floating-point tensor, got dtype torch.int64"):
+        cross(x, torch.zeros(2, 4, 8, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"context must have shape \(B, S, d_model\) with d_model = 8, "
+                                         r"got \(2, 4, 7\)"):
+        cross(x, torch.randn(2, 4, 7))
+
+
+def test_masked_softmax_with_no_keys_and_repeat_kv_kinds():
+    """Issue 11: masked_softmax over T_k = 0 raised an IndexError; repeat_kv took bool and crashed on lists."""
+    out = masked_softmax(torch.zeros(2, 3, 0), torch.zeros(3, 0, dtype=torch.bool))
+    assert out.shape == (2, 3, 0)
+    torch.testing.assert_close(out, torch.softmax(torch.zeros(2, 3, 0), -1), rtol=0, atol=0)  # torch: also empty
+    assert masked_softmax(torch.zeros(2, 0, dtype=torch.float16)).dtype == torch.float16
+    x = torch.randn(1, 2, 3, 4)
+    with pytest.raises(TypeError, match="x must be a real floating-point tensor, got dtype torch.bool"):
+        repeat_kv(x > 0, 2)
+    torch.testing.assert_close(repeat_kv(x.tolist(), 2), x.repeat_interleave(2, dim=1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad, err, text", [("0.5", TypeError, r"dropout_p must be a real number, got '0.5' \(str\)"),
+                                            (True, TypeError, r"dropout_p must be a real number, got True \(bool\)"),
+                                            (1.0, ValueError, r"dropout_p must lie in \[0.0, 1.0\), got 1.0"),
+                                            (math.nan, ValueError, "dropout_p must be a real number, got nan")])
+def test_sdpa_checks_dropout_p(bad, err, text):
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(err, match=text):
+        scaled_dot_product_attention(q, q, q, dropout_p=bad)

@@ -145,7 +145,7 @@ def test_block_laws(scale, seed):
 
 def test_blocks_reject_bad_input():
     blk = PreNormBlock(8, nn.Identity(), FeedForward(8, 16))
-    with pytest.raises(ValueError, match=r"h must have shape \(B, T, d_model\) = \(B, T, 8\)"):
+    with pytest.raises(ValueError, match=r"h must have shape \(B, T, d_model\) with d_model = 8, got \(2, 5, 7\)"):
         blk(torch.randn(2, 5, 7))
     with pytest.raises(ValueError, match="d_model must be a positive int"):
         PostNormBlock(0, nn.Identity(), nn.Identity())
@@ -198,7 +198,7 @@ def test_ffn_rejects_bad_input():
         FeedForward(4, 8, activation=3)
     with pytest.raises(ValueError, match="d_ff must be a positive int"):
         FeedForward(4, 0)
-    with pytest.raises(ValueError, match=r"x must have shape \(..., d_model\) = \(..., 4\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d_model\) with d_model = 4, got \(3, 5\)"):
         FeedForward(4, 8)(torch.randn(3, 5))
 
 
@@ -253,8 +253,10 @@ def test_dropout_values_and_gradient(p, seed):
 def test_dropout_rejects_bad_input():
     with pytest.raises(ValueError, match=r"p must lie in \[0.0, 1.0\], got 1.5"):
         dropout(torch.ones(3), 1.5)
-    with pytest.raises(TypeError, match="p must be a real number"):
+    with pytest.raises(ValueError, match="p must be a real number, got nan"):
         Dropout(float("nan"))
+    with pytest.raises(TypeError, match="p must be a real number, got '0.5'"):
+        Dropout("0.5")
 
 
 # ================================================================= 02.09 stochastic depth
@@ -323,3 +325,36 @@ def test_stochastic_depth_rejects_bad_input():
         stochastic_depth(torch.zeros(2, 3), torch.zeros(2, 3), 0.5, mode="col")
     with pytest.raises(ValueError, match="L must be a positive int"):
         linear_decay_survival(0)
+
+
+# ================================================================= fp16 / bf16 (issue 11)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float16, 2e-2), (torch.bfloat16, 1e-1)])
+def test_post_norm_block_in_half_precision_matches_float64(dtype, tol):
+    # residual stream of size ~300: the attention scores and the norms' variances overflow fp16
+    # unless computed in float32. Oracle: the same weights run in float64 on the same (rounded) input.
+    torch.manual_seed(0)
+    blk = PostNormBlock(64, attn=MultiHeadAttention(64, 4), mlp=FeedForward(64, 128)).eval()
+    x = (torch.randn(2, 6, 64) * 300).to(dtype)
+    y = blk.to(dtype)(x, is_causal=True)
+    y64 = blk.double()(x.double(), is_causal=True)
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    torch.testing.assert_close(y.double(), y64, rtol=tol, atol=tol)  # outputs are normalised: O(1)
+
+
+def test_ffn_and_blocks_check_their_input_before_nn_linear():
+    """Issue 11: int/bool x reached nn.Linear (a RuntimeError from torch), a list gave an AttributeError."""
+    ffn = FeedForward(4, 8)
+    blk = PreNormBlock(4, nn.Identity(), FeedForward(4, 8))
+    x = torch.randn(2, 3, 4)
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=rf"x must be a real floating-point tensor, got dtype {dt}"):
+            ffn(x.to(dt))
+        with pytest.raises(TypeError, match=rf"h must be a real floating-point tensor, got dtype {dt}"):
+            blk(x.to(dt))
+    with pytest.raises(TypeError, match="x must be a tensor, got list"):
+        ffn(x.tolist())
+    with pytest.raises(TypeError, match=r"h \(torch.float64\) must have the dtype of the PreNormBlock's parameters "
+                                        r"\(torch.float32\)"):
+        blk(x.double())

@@ -119,7 +119,7 @@ def test_context_extension_bad_input():
         pi_inv_freq(8, factor=0.5)
     with pytest.raises(ValueError, match="method must be one of"):
         scaled_inv_freq("rope2", 8)
-    with pytest.raises(ValueError, match="D > 2"):
+    with pytest.raises(ValueError, match=r"D must be an int > 2 \(NTK.s exponent is D/\(D-2\)\), got 2"):
         ntk_inv_freq(2, alpha=2.0)
     with pytest.raises(ValueError, match="L_train"):
         position_interpolation(torch.arange(3), 0, 8)
@@ -155,3 +155,95 @@ def test_a_key_aligned_with_every_query_becomes_a_sink():
         attention_sink_scores(q, k, n_sink=T + 1)
     m = streaming_mask(T, n_sink=4, window=8)
     assert m[:, :4].tril().equal(torch.ones(T, 4, dtype=torch.bool).tril()) and m.sum(-1).max() == 12
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        # issue 11: streaming_mask(2.5) was accepted
+        (lambda: streaming_mask(2.5), TypeError, r"T must be a non-negative int, got 2.5 \(float\)"),
+        (lambda: streaming_mask(True), TypeError, r"T must be a non-negative int, got True \(bool\)"),
+        (lambda: streaming_mask(8, n_sink=-1), ValueError, r"n_sink must be a non-negative int, got -1"),
+        (lambda: streaming_mask(8, window=0), ValueError, r"window must be a positive int, got 0"),
+        (lambda: streaming_mask(8, window="4"), TypeError, r"window must be a positive int, got '4' \(str\)"),
+        (lambda: attention_sink_scores(torch.zeros(3, 2), torch.zeros(3, 2), n_sink=1.0), TypeError,
+         r"n_sink must be an int in \[0, T_k\] = \[0, 3\], got 1.0 \(float\)"),
+        (lambda: attention_sink_scores(torch.zeros(3, 2), torch.zeros(3, 2), n_sink=4), ValueError,
+         r"n_sink must be an int in \[0, T_k\] = \[0, 3\], got 4"),
+        (lambda: position_interpolation(torch.arange(4), 2048.0, 4096), TypeError,
+         r"L_train must be a positive int, got 2048.0 \(float\)"),
+        (lambda: position_interpolation(torch.arange(4), 2048, 0), ValueError,
+         r"L_target must be a positive int, got 0"),
+        (lambda: dynamic_ntk_alpha(True, 2048, 2.0), TypeError, r"seq_len must be a positive int, got True \(bool\)"),
+    ],
+)
+def test_integer_arguments_reject_other_kinds(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_streaming_mask_accepts_numpy_integers():
+    np = pytest.importorskip("numpy")
+    # oracle: the same call with Python ints
+    assert torch.equal(streaming_mask(np.int64(6), np.int32(1), np.int64(2)), streaming_mask(6, 1, 2))
+
+
+# ============================================ YaRN argument contracts, attention sink in fp16 (issue 11)
+
+
+def test_yarn_rejects_swapped_betas_zero_beta_and_base_at_most_one():
+    with pytest.raises(ValueError, match=r"beta_fast \(1\) must be greater than beta_slow \(32\)"):
+        yarn_inv_freq(128, 1e4, 4.0, 4096, beta_fast=1, beta_slow=32)
+    with pytest.raises(ValueError, match=r"beta_fast \(2\) must be greater than beta_slow \(2\)"):
+        yarn_ramp(128, 1e4, 4096, beta_fast=2, beta_slow=2)
+    with pytest.raises(ValueError, match="base must lie in"):
+        yarn_ramp(8, 1.0, 64)
+    with pytest.raises(ValueError, match="base must lie in"):
+        yarn_inv_freq(8, 0.5, 2.0, 64)
+    with pytest.raises(ValueError, match="beta_slow must lie in"):
+        yarn_ramp(8, 1e4, 64, beta_slow=0)
+    with pytest.raises(ValueError, match="beta_fast must lie in"):
+        yarn_ramp(8, 1e4, 64, beta_fast=math.inf)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)])
+def test_attention_sink_scores_in_half_precision_match_float64(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 5, 64, generator=g) * 40).to(dtype), (torch.randn(2, 7, 64, generator=g) * 40).to(dtype)
+    alpha, sink = attention_sink_scores(q, k, n_sink=2)
+    assert alpha.dtype == sink.dtype == dtype and torch.isfinite(alpha).all()
+    mask = torch.ones(5, 7, dtype=torch.bool).tril(diagonal=2)  # queries are the last 5 of 7 keys
+    ref = torch.softmax((q.double() @ k.double().mT / 8).masked_fill(~mask, -math.inf), -1)
+    torch.testing.assert_close(alpha.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(sink.double(), ref[..., :2].sum(-1), rtol=tol, atol=tol)
+
+
+def test_context_extension_scalars_are_checked():
+    """Issue 11: YaRN's attention_factor, NTK's base and D took bools, strings, NaN, 0 and inf silently."""
+    for bad, err, text in [(True, TypeError, r"attention_factor must be a real number, got True \(bool\)"),
+                           ("0.5", TypeError, r"attention_factor must be a real number, got '0.5' \(str\)"),
+                           (math.nan, ValueError, "attention_factor must be a real number, got nan"),
+                           (0.0, ValueError, r"attention_factor must lie in \(0.0, inf\), got 0.0"),
+                           (math.inf, ValueError, r"attention_factor must lie in \(0.0, inf\), got inf")]:
+        with pytest.raises(err, match=text):
+            yarn_inv_freq(8, 1e4, 4.0, 64, beta_fast=4, beta_slow=1, attention_factor=bad)
+        with pytest.raises(err, match=text):
+            rope_scores_by_distance(torch.ones(4), torch.ones(4), torch.arange(3), attention_factor=bad)
+    assert yarn_inv_freq(8, 1e4, 4.0, 64, beta_fast=4, beta_slow=1, attention_factor=2)[1] == 2.0
+    with pytest.raises(TypeError, match=r"base must be a real number, got True \(bool\)"):
+        ntk_inv_freq(8, True, 2.0)
+    with pytest.raises(ValueError, match=r"base must lie in \(1.0, inf\), got 1"):
+        ntk_inv_freq(8, 1, 2.0)  # base * alpha^(D/(D-2)) > 1 would have hidden it
+    with pytest.raises(TypeError, match=r"D must be an int > 2 .*, got '0.5' \(str\)"):
+        ntk_inv_freq("0.5", 1e4, 2.0)
+
+
+def test_attention_sink_scores_and_interpolation_reject_bad_kinds():
+    """Issue 11: float64 q with float32 k crashed in the matmul, D = 0 gave NaN (0 / sqrt(0)), bool positions passed."""
+    q = torch.randn(5, 4)
+    with pytest.raises(TypeError, match=r"q \(torch.float64\) and k \(torch.float32\) must share one dtype"):
+        attention_sink_scores(q.double(), q)
+    with pytest.raises(ValueError, match=r"q must not be empty along dim -1, got shape \(5, 0\)"):
+        attention_sink_scores(torch.zeros(5, 0), torch.zeros(5, 0))
+    with pytest.raises(TypeError, match="positions must be a real floating-point tensor, got dtype torch.bool"):
+        position_interpolation(torch.tensor([True, False]), 2048, 8192)

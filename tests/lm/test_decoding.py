@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import (
     MinPLogitsWarper,
@@ -252,6 +252,7 @@ def test_min_p_matches_transformers(seed, alpha):
     p=st.floats(1e-6, 1.0),
     frac=st.floats(0.0, 1.0),
 )
+@example(z=[0.0, 2.220446049250313e-16], k=1, p=0.5, frac=0.0)  # typical: a tie in distance at 1e-16
 @settings(max_examples=200, deadline=None)
 def test_warpers_keep_argmax_and_renormalise(z, k, p, frac):
     z = torch.tensor(z, dtype=torch.float64)
@@ -268,9 +269,13 @@ def test_warpers_keep_argmax_and_renormalise(z, k, p, frac):
     }
     for name, w in outs.items():
         assert w.shape == z.shape
-        if name == "typical":  # keeps the most *typical* token, which need not be the argmax
+        if name == "typical":  # keeps a most *typical* token, which need not be the argmax
             H = -(probs * torch.log_softmax(z, -1)).sum()
-            assert torch.isfinite(w[torch.argmin((-torch.log_softmax(z, -1) - H).abs())])
+            d = (-torch.log_softmax(z, -1) - H).abs()
+            # Distances tied to within float64 rounding (|log p| <= 60: about 1e-14) have no reliable order: for
+            # z = [0, 2.2e-16] the two exact distances differ by 2.5e-32 and this oracle's H rounds the other way
+            # than the filter's. So: some kept token must be as typical as the most typical one, up to 1e-12.
+            assert (d[torch.isfinite(w)] <= d.min() + 1e-12).any(), "typical dropped every most typical token"
         else:
             assert torch.isfinite(w[torch.argmax(z)]), f"{name} dropped the argmax"
         kept = torch.isfinite(w)
@@ -357,10 +362,11 @@ def test_mirostat_average_surprise_reaches_target(tau_target):
         (lambda: apply_temperature(torch.zeros(3), math.inf), ValueError, "tau must lie in"),
         (lambda: apply_temperature(torch.tensor([0.0, math.nan]), 1.0), ValueError, "NaN"),
         (lambda: sample(torch.zeros(3), tau=-1.0), ValueError, "tau"),
-        (lambda: sample(torch.zeros(3), top_k=4), ValueError, "V = 3"),
-        (lambda: top_k_filter(torch.zeros(2, 5), 0), ValueError, r"k must lie in \[1, 5\].*V = 5"),
-        (lambda: top_k_filter(torch.zeros(2, 5), 6), ValueError, "V = 5"),
-        (lambda: top_k_filter(torch.zeros(5), 2.0), TypeError, "k must be an int"),
+        (lambda: sample(torch.zeros(3), top_k=4), ValueError, r"\[1, V\] = \[1, 3\]"),
+        (lambda: top_k_filter(torch.zeros(2, 5), 0), ValueError,
+         r"k must be an int in \[1, V\] = \[1, 5\] \(V is the vocabulary size\), got 0"),
+        (lambda: top_k_filter(torch.zeros(2, 5), 6), ValueError, r"\[1, V\] = \[1, 5\]"),
+        (lambda: top_k_filter(torch.zeros(5), 2.0), TypeError, r"k must be an int in \[1, V\] .*, got 2.0 \(float\)"),
         (lambda: top_p_filter(torch.zeros(5), 0.0), ValueError, r"p must lie in \(0.0, 1.0\]"),
         (lambda: top_p_filter(torch.zeros(5), 1.5), ValueError, "p must lie in"),
         (lambda: top_p_filter(torch.zeros(0), 0.5), ValueError, "empty"),
@@ -377,3 +383,45 @@ def test_mirostat_average_surprise_reaches_target(tau_target):
 def test_bad_input_raises(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# ================================================================= temperature overflow, fp16 / bf16 typical (issue 11)
+
+
+@pytest.mark.parametrize("dtype, tau", [(torch.float16, 1e-3), (torch.bfloat16, 1e-38), (torch.float32, 1e-40)])
+def test_tiny_temperature_keeps_the_argmax_instead_of_a_false_tie(dtype, tau):
+    # z / tau overflows the dtype ([inf, inf, 3000] in fp16): the top two tied. Oracle: the float64
+    # distribution softmax(z / tau), which puts all its mass on token 0
+    z = torch.tensor([100.0, 99.0, 3.0], dtype=dtype)
+    w = apply_temperature(z, tau)
+    assert w.dtype == dtype and not torch.isnan(w).any() and not torch.isposinf(w).any()
+    assert w.argmax().item() == 0 and torch.isfinite(w[0])
+    ref = torch.softmax(z.double() / tau, -1)
+    torch.testing.assert_close(torch.softmax(w.double(), -1), ref, rtol=0, atol=1e-12)
+    g = torch.Generator().manual_seed(0)
+    assert all(sample(z, tau=tau, generator=g).item() == 0 for _ in range(20))
+    assert sample(z.expand(3, 3), tau=tau, generator=g).tolist() == [0, 0, 0]
+
+
+def test_temperature_in_half_precision_divides_in_float32():
+    z = torch.tensor([[1.0, 2.0, 4.0], [3.3, -1.7, 0.1]], dtype=torch.float16)
+    w = apply_temperature(z, 0.3)
+    assert w.dtype == torch.float16
+    torch.testing.assert_close(w, (z.double() / 0.3).half(), rtol=0, atol=0)  # one rounding, as float64 then fp16
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_typical_filter_and_sample_on_half_precision_logits(dtype):
+    # used to raise "p must sum to 1" about an internal fp16 softmax; oracle: transformers'
+    # TypicalLogitsWarper on the float32 upcast of the same logits (same kept set)
+    g = torch.Generator().manual_seed(0)
+    z = (torch.randn(4, 200, generator=g) * 3).to(dtype)
+    for mass in (0.2, 0.9, 0.95):
+        ours = typical_filter(z, mass)
+        assert ours.dtype == dtype
+        theirs = hf(TypicalLogitsWarper(mass, filter_value=-math.inf, min_tokens_to_keep=1), z.float())
+        assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), mass
+        assert torch.equal(ours[torch.isfinite(ours)], z[torch.isfinite(ours)])
+    tokens = sample(z, typical_p=0.9, generator=g)
+    kept = torch.isfinite(typical_filter(z, 0.9))
+    assert kept.gather(-1, tokens.unsqueeze(-1)).all()

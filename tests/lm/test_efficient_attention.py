@@ -251,3 +251,159 @@ def test_bad_inputs_are_rejected():
         lsh_rotations(4, 3)
     with pytest.raises(ValueError, match="must share D"):
         lsh_hash(q, torch.randn(3, 2))
+
+
+def test_lsh_hash_of_integer_input_does_not_truncate_R():
+    # issue 11: integer x used to cast R to int64, truncating e.g. 0.4 -> 0 and -0.9 -> 0 (every bucket 0)
+    x = torch.tensor([[3, -1], [-2, 5], [1, 1]])
+    R = torch.tensor([[0.4, -0.9], [0.7, 0.2]])
+    # oracle: the hash of the same points given as float64, computed by hand from [xR, -xR]
+    xR = x.double() @ R.double()
+    expected = torch.cat([xR, -xR], -1).argmax(-1)
+    assert torch.equal(lsh_hash(x, R), expected)
+    assert torch.equal(lsh_hash(x.tolist(), R), expected)  # a nested list is converted likewise
+    with pytest.raises(TypeError, match="x must be a real floating-point tensor, got dtype torch.bool"):
+        lsh_hash(x > 0, R)
+
+
+def test_performer_rejects_an_omega_of_another_dtype_or_width():
+    q = torch.randn(1, 6, 4)
+    with pytest.raises(ValueError, match=r"omega must have shape \(m, D\) with D = 4, got \(8, 3\)"):
+        performer_attention(q, q, q, omega=torch.randn(8, 3))
+    with pytest.raises(ValueError, match=r"omega must have shape \(m, D\) with D = 4, got \(4,\)"):
+        performer_attention(q, q, q, omega=torch.randn(4))
+    with pytest.raises(TypeError, match=r"omega \(torch.float64\) must have the dtype of q, k, v \(torch.float32\)"):
+        performer_attention(q, q, q, omega=torch.randn(8, 4, dtype=torch.float64))
+    # oracle: a matching omega gives the same answer as the float64 computation within float32 rounding
+    omega = torch.randn(16, 4)
+    out = performer_attention(q, q, q, omega=omega)
+    ref = performer_attention(q.double(), q.double(), q.double(), omega=omega.double())
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: random_features(2.0, 4), TypeError, r"m must be a positive int, got 2.0 \(float\)"),
+        (lambda: lsh_rotations(4, True), TypeError, r"n_buckets must be an even int >= 2, got True \(bool\)"),
+        (lambda: lsh_rotations(4.0, 4), TypeError, r"D must be a positive int, got 4.0 \(float\)"),
+        (lambda: linformer_projection("6", 2), TypeError, r"T must be a positive int, got '6' \(str\)"),
+    ],
+)
+def test_sizes_reject_other_kinds(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# ================================================================= fp16 / bf16 and |q|, |k| ~ 300 (issue 11)
+
+HALF_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+            torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+
+
+def _qkv(dtype, scale, T=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(1, 2, T, 16, generator=g) * scale for _ in range(2))
+    v = torch.randn(1, 2, T, 16, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+@DTYPES
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_at_large_scale_matches_the_float64_loop(dtype, causal):
+    q, k, v = _qkv(dtype, 300.0)
+    phi = lambda x: F.elu(x) + 1.0  # noqa: E731
+    ref = kernel_ratio_loop(q.double(), k.double(), v.double(), phi, causal)
+    for out in (linear_attention(q, k, v, causal=causal),) + ((linear_attention_recurrent(q, k, v),) if causal else ()):
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        torch.testing.assert_close(out.double(), ref, **HALF_TOL[dtype])
+
+
+@DTYPES
+def test_performer_attention_at_large_scale_matches_a_float64_log_space_oracle(dtype):
+    # oracle: the FAVOR+ kernel sum_r exp(l_q,r + l_k,r) formed in log space (logsumexp) in float64,
+    # so nothing over- or underflows; then the kernel-weighted average of v
+    omega = random_features(64, 16, generator=torch.Generator().manual_seed(1))
+    w64, s = omega.double(), 16 ** -0.25
+
+    def log_phi(x):
+        x = x.double() * s
+        return x @ w64.T - 0.5 * (x * x).sum(-1, keepdim=True)
+
+    for scale in (1.0, 300.0):
+        q, k, v = _qkv(dtype, scale)
+        out = performer_attention(q, k, v, omega=omega)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        log_A = torch.logsumexp(log_phi(q).unsqueeze(-2) + log_phi(k).unsqueeze(-3), dim=-1)  # (B, H, T_q, T_k)
+        ref = torch.softmax(log_A, dim=-1) @ v.double()
+        torch.testing.assert_close(out.double(), ref, **HALF_TOL[dtype])
+        assert torch.isfinite(performer_attention(q, k, v, omega=omega, causal=True)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linformer_and_lsh_in_half_precision_match_float64(dtype):
+    q, k, v = _qkv(dtype, 40.0)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    E = linformer_projection(8, 4, dtype=torch.float64)
+    out = linformer_attention(q, k, v, E)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), F.scaled_dot_product_attention(q64, E @ k64, E @ v64), **HALF_TOL[dtype])
+    R = lsh_rotations(16, 4, generator=torch.Generator().manual_seed(0))
+    out = lsh_attention(q, k, v, R=R)
+    assert out.dtype == dtype
+
+    def h(x):  # the hash in float64: argmax of [xR, -xR]
+        xR = x @ R.double()
+        return torch.cat([xR, -xR], -1).argmax(-1)
+
+    same_bucket = h(q64).unsqueeze(-1) == h(k64).unsqueeze(-2)
+    ref = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=same_bucket).nan_to_num(0.0)
+    ref = ref * same_bucket.any(-1, keepdim=True)  # a query alone in its bucket gets zeros
+    torch.testing.assert_close(out.double(), ref, **HALF_TOL[dtype])
+
+
+def test_favor_features_checks_kinds_and_computes_half_in_float32():
+    """Issue 11: mismatched dtypes crashed in the matmul, lists in .shape; fp16 overflowed |x|^2 at |x| ~ 256."""
+    g = torch.Generator().manual_seed(0)
+    x, omega = torch.randn(3, 4, generator=g), random_features(6, 4, generator=g)
+    with pytest.raises(TypeError, match=r"x \(torch.float64\) and omega \(torch.float32\) must share one dtype"):
+        favor_features(x.double(), omega)
+    with pytest.raises(TypeError, match="x must be a real floating-point tensor, got dtype torch.bool"):
+        favor_features(x > 0, omega)
+    torch.testing.assert_close(favor_features(x.tolist(), omega.tolist()), favor_features(x, omega), rtol=0, atol=0)
+    # |x|^2 = 80000 overflows fp16 while w.x - |x|^2/2 = 0 for w = x/2: the feature is exp(-log(m)/2) = 1/sqrt(m)
+    xh = torch.tensor([[200.0, 200.0, 0.0, 0.0]], dtype=torch.float16)
+    oh = torch.cat([xh / 2, torch.zeros(3, 4, dtype=torch.float16)])  # m = 4
+    ref = torch.exp(xh.double() @ oh.double().T - 0.5 * (xh.double() ** 2).sum(-1, keepdim=True) - 0.5 * math.log(4))
+    out = favor_features(xh, oh)
+    assert out.dtype == torch.float16 and out[0, 0].item() == 0.5  # 1 / sqrt(4)
+    torch.testing.assert_close(out, ref.half(), rtol=2**-10, atol=0)
+
+
+def test_lsh_hash_of_half_input_projects_in_float32():
+    """Issue 11: fp16 x R was formed in fp16; the buckets must be those of the float32 projection of the same values."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, 8, generator=g) * 2e4).clamp(-6e4, 6e4).half()  # x R overflows fp16 (+-inf ties)
+    R = lsh_rotations(8, 8, generator=g).half()
+    xR = x.float() @ R.float()  # oracle: float32 projection of the identical fp16 values
+    assert torch.equal(lsh_hash(x, R), torch.cat([xR, -xR], -1).argmax(-1))
+
+
+def test_performer_rejects_features_that_overflow_and_linformer_bool_projections():
+    """Issue 11: |q| = 1e30 in float32 gave NaN (|q|^2 overflows: -inf - -inf); bool E / F_proj were accepted."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 5, 8, generator=g)
+    big = q.clone()
+    big[0, 0, 0, 0] = 1e30
+    with pytest.raises(ValueError, match=r"q is too large for FAVOR\+ features in torch.float32: .*1e\+30"):
+        performer_attention(big, q, q, n_features=16, generator=g)
+    with pytest.raises(ValueError, match=r"k is too large for FAVOR\+ features in torch.float32: .*1e\+30"):
+        performer_attention(q, torch.full_like(q, 1e30), q, n_features=16, generator=g)
+    out = performer_attention(big.double(), q.double(), q.double(), n_features=16, generator=g)  # float64 holds 1e60
+    assert torch.isfinite(out).all()
+    E = linformer_projection(5, 3)
+    for name in ("E", "F_proj"):
+        kw = {"E": E, "F_proj": E, name: E > 0}
+        with pytest.raises(TypeError, match=rf"{name} must be a real floating-point tensor, got dtype torch.bool"):
+            linformer_attention(q, q, q, **kw)

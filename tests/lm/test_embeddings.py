@@ -18,6 +18,7 @@ from llmbook.lm.embeddings import (
     TokenEmbedding,
     TokenPositionEmbedding,
     embedding_lookup,
+    linear,
     lm_head,
     one_hot_embedding,
     tied_lm_head,
@@ -210,3 +211,62 @@ def test_tied_gradient_is_the_sum_of_both_uses():
     torch.testing.assert_close(emb.weight.grad, E_in.grad + E_out.grad, **F32)
     untied = nn.ModuleDict({"emb": TokenEmbedding(V, d), "head": LMHead(d, V)})
     assert sum(p.numel() for p in untied.parameters()) == 2 * V * d
+
+
+# ================================================================= linear (torch's weight layout), no catalogue id
+
+
+def test_linear_matches_torch_functional_linear():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    W, b = torch.randn(4, 5, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(linear(x, W, b), F.linear(x, W, b), **F64)
+    torch.testing.assert_close(linear(x, W), F.linear(x, W), **F64)
+    torch.testing.assert_close(linear(x[0, 0], W, b), F.linear(x[0, 0], W, b), **F64)  # a single vector
+    layer = nn.Linear(5, 4).double()
+    torch.testing.assert_close(linear(x, layer.weight, layer.bias), layer(x), **F64)
+
+
+def test_linear_shape_errors_name_the_shapes():
+    x, W = torch.randn(2, 5), torch.randn(4, 5)
+    with pytest.raises(ValueError, match=r"x \(..., d_in\) = \(2, 4\) and W \(d_out, d_in\) = \(4, 5\) disagree"):
+        linear(torch.randn(2, 4), W)
+    with pytest.raises(ValueError, match=r"disagree on d_in \(5 != 4\); W is in nn.Linear's layout"):
+        linear(x, W.T)
+    with pytest.raises(ValueError, match=r"b must have shape \(d_out,\) = \(4,\), got \(5,\)"):
+        linear(x, W, torch.zeros(5))
+    with pytest.raises(ValueError, match=r"W must be a matrix of shape \(d_out, d_in\)"):
+        linear(x, torch.randn(5))
+
+
+def test_lm_head_rejects_mixed_dtypes():
+    # issue 11: float32 h with a float64 W_U used to fail inside torch.matmul
+    h, W_U = torch.randn(2, 4), torch.randn(4, 6, dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"h \(torch.float32\) and W_U \(torch.float64\) must share one dtype"):
+        lm_head(h, W_U)
+    with pytest.raises(TypeError, match=r"b_U \(torch.float64\) and W_U \(torch.float32\) must share one dtype"):
+        lm_head(h, W_U.float(), torch.zeros(6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad, err, text", [(True, TypeError, r"std must be a real number, got True \(bool\)"),
+                                            ("0.5", TypeError, r"std must be a real number, got '0.5' \(str\)"),
+                                            (float("nan"), ValueError, "std must be a real number, got nan"),
+                                            (0.0, ValueError, r"std must lie in \(0.0, inf\), got 0.0"),
+                                            (-1.0, ValueError, r"std must lie in \(0.0, inf\), got -1.0"),
+                                            (float("inf"), ValueError, r"std must lie in \(0.0, inf\), got inf")])
+def test_embedding_and_head_check_std(bad, err, text):
+    """Issue 11: std reached nn.init.normal_ (RuntimeError / TypeError from torch) or was accepted (True, 0, inf)."""
+    with pytest.raises(err, match=text):
+        TokenEmbedding(11, 8, std=bad)
+    with pytest.raises(err, match=text):
+        LMHead(8, 11, std=bad)
+
+
+@pytest.mark.parametrize("name, kw", [("d", dict(d=2.5, V=11)), ("V", dict(d=8, V=True)), ("V", dict(d=8, V="0.5"))])
+def test_lm_head_checks_its_sizes(name, kw):
+    """Issue 11: LMHead(d=2.5) and LMHead(V=True) failed inside torch.empty."""
+    with pytest.raises(TypeError, match=rf"{name} must be a positive int, got {kw[name]!r}"):
+        LMHead(**kw)
+    for bad in (0, -1):  # V = 0 was accepted, -1 failed in torch.empty
+        with pytest.raises(ValueError, match=rf"V must be a positive int, got {bad}"):
+            LMHead(8, bad)

@@ -214,10 +214,34 @@ def test_bad_inputs_are_rejected():
         tiled_attention_forward(q, q[:, :1], q[:, :1])
     with pytest.raises(ValueError, match="block_q must be a positive int"):
         tiled_attention_forward(q, q, q, block_q=0)
-    with pytest.raises(ValueError, match="scale must be"):
+    with pytest.raises(ValueError, match=r"scale must lie in \(0.0, inf\), got 0.0"):
         tiled_attention_forward(q, q, q, scale=0.0)
     with pytest.raises(ValueError, match="contains NaN"):
         tiled_attention(q.masked_fill(q > 0, float("nan")), q, q)
     o, lse = tiled_attention_forward(q, q, q)
     with pytest.raises(ValueError, match="lse"):
         tiled_attention_backward(q, q, q, o, lse[..., :3], o)
+
+
+# ================================================================= issue 11: merge_attention_states checks its inputs
+
+
+def test_merge_attention_states_validates_pairs():
+    o, lse = torch.randn(2, 5, 4), torch.randn(2, 5)
+    cases = [
+        ((o, lse, o[:, :3], lse), ValueError, r"o_a \(2, 5, 4\) and o_b \(2, 3, 4\) must have the same shape"),
+        ((o, lse, o, lse[:, :3]), ValueError, r"lse_a \(2, 5\) and lse_b \(2, 3\) must have the same shape"),
+        ((o, lse[:, :3], o, lse[:, :3]), ValueError, r"lse_a \(2, 3\) must be o_a \(2, 5, 4\) without its last axis"),
+        ((o, lse, o.double(), lse), TypeError, r"o_a \(torch.float32\) and o_b \(torch.float64\) must share one dtype"),
+        ((o, lse, o, lse.double()), TypeError, r"lse_a \(torch.float32\) and lse_b \(torch.float64\) must share"),
+        ((o, lse.masked_fill(lse > 0, float("nan")), o, lse), ValueError, r"lse_a contains NaN"),
+        ((o, lse, o, torch.full_like(lse, float("inf"))), ValueError, r"lse_b contains \+inf"),
+        ((o.masked_fill(o > 0, float("inf")), lse, o, lse), ValueError, r"o_a contains inf"),
+    ]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            merge_attention_states(*args)
+    # an empty key set (lse = -inf) is legal: the merge is the other half (oracle: identity)
+    out, out_lse = merge_attention_states(o, lse, torch.zeros_like(o), torch.full_like(lse, float("-inf")))
+    torch.testing.assert_close(out, o, rtol=0, atol=0)
+    torch.testing.assert_close(out_lse, lse, rtol=0, atol=0)

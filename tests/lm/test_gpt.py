@@ -5,17 +5,26 @@ Its weights are then spread out (matrices N(0, 0.3^2), norm gains 1 + N(0, 0.1^2
 of order one and a swapped or mis-mapped parameter could not hide below the tolerance. Tolerances:
 ``rtol = atol = 1e-5`` (``F32``) in float32 and float64 alike (Llama computes its norms and softmax in
 float32 whatever the dtype); generated token ids exactly.
+
+A reader's own Llama written below in plain torch (Meta's reference code: ``tok_embeddings``/``wq``/``w1``
+names, interleaved RoPE by complex multiplication) is the independent reference for loading a plain
+state dict; in float64 it agrees to ``rtol = atol = 1e-10`` (``F64``).
 """
+
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmbook.lm.checkpoints import meta_llama_key_map
 from llmbook.lm.gpt import GPTConfig, TinyGPT, llama_key_map
 
 F32 = dict(rtol=1e-5, atol=1e-5)
+F64 = dict(rtol=1e-10, atol=1e-10)
 
 
 def tiny_llama(n_kv_heads=2, tie=True, dtype=torch.float32, seed=0):
@@ -118,24 +127,153 @@ def test_bad_configs_and_weights_are_rejected(llama):
         GPTConfig(n_kv_heads=3)
     with pytest.raises(ValueError, match="must be even for RoPE"):
         GPTConfig(d_model=12, n_heads=4)
-    with pytest.raises(ValueError, match="keys with no place in this model"):
-        TinyGPT(GPTConfig(n_layers=1)).load_llama_weights(llama)
-    with pytest.raises(ValueError, match="lacks 9 keys"):
-        TinyGPT(GPTConfig(n_layers=3)).load_llama_weights(llama)
-    with pytest.raises(ValueError, match=r"has shape \(16, 32\) but blocks.0.attn.k_proj.weight needs \(32, 32\)"):
-        TinyGPT(GPTConfig(n_kv_heads=4)).load_llama_weights(llama)
+    with pytest.raises(ValueError, match="keys with no place in this model: 'model.layers.1.self_attn"):
+        TinyGPT(GPTConfig(n_layers=1, n_kv_heads=2)).load_llama_weights(llama)
+    with pytest.raises(ValueError, match="lacks 9 keys the key map reads: 'model.layers.2.input_layernorm"):
+        TinyGPT(GPTConfig(n_layers=3, n_kv_heads=2)).load_llama_weights(llama)
+    with pytest.raises(ValueError, match=r"k_proj.weight \(16, 32\) -> blocks.0.attn.k_proj.weight needs \(32, 32\)"):
+        TinyGPT(GPTConfig()).load_llama_weights(llama)
     state = dict(llama.state_dict())
     state["lm_head.weight"] = state["lm_head.weight"] + 1
-    with pytest.raises(ValueError, match="lm_head.weight differs from embed_tokens"):
-        TinyGPT(GPTConfig()).load_llama_weights(state)
+    with pytest.raises(ValueError, match="head.weight and embed.weight are one tied tensor .* lm_head.weight and "
+                                         "model.embed_tokens.weight differ"):
+        TinyGPT(GPTConfig(n_kv_heads=2)).load_llama_weights(state)
     model = TinyGPT(GPTConfig())
     with pytest.raises(ValueError, match=r"token ids in \[0, V\) = \[0, 64\)"):
         model(torch.tensor([[1, 64]]))
-    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(2,\)"):
+    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(2,\) or \(B, T\) = \(1, 2\)"):
         model(torch.tensor([[1, 2]]), positions=torch.arange(3))
+    with pytest.raises(ValueError, match="RoPE layout must be"):
+        GPTConfig(rope_layout="rotate_half")
     with pytest.raises(ValueError, match="max_new_tokens must be a non-negative int"):
         model.generate(torch.tensor([[1]]), -1)
     bad = transformers.LlamaConfig(hidden_act="gelu", vocab_size=8, hidden_size=8, num_attention_heads=2,
                                    num_key_value_heads=2, intermediate_size=8, num_hidden_layers=1)
     with pytest.raises(ValueError, match="hidden_act must be 'silu'"):
         GPTConfig.from_llama_config(bad)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        # issue 11: GPTConfig accepted rope_theta=0.5 and norm_eps=inf
+        ({"rope_theta": 0.5}, ValueError, r"rope_theta \(the RoPE base\) must lie in \(1.0, inf\), got 0.5"),
+        ({"norm_eps": float("inf")}, ValueError, r"norm_eps must lie in \[0.0, inf\), got inf"),
+        ({"norm_eps": float("nan")}, ValueError, r"norm_eps must be a real number, got nan"),
+        ({"rope_theta": "1e4"}, TypeError, r"rope_theta \(the RoPE base\) must be a real number, got '1e4'"),
+        ({"d_model": 32.0}, TypeError, r"d_model must be a positive int, got 32.0 \(float\)"),
+        ({"n_layers": True}, TypeError, r"n_layers must be a positive int, got True \(bool\)"),
+        ({"n_kv_heads": 0}, ValueError, r"n_kv_heads \(None or an int\) must be a positive int, got 0"),
+    ],
+)
+def test_config_rejects_bad_scalars(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        GPTConfig(**kwargs)
+
+
+def test_generate_rejects_non_integer_max_new_tokens():
+    model = TinyGPT(GPTConfig())
+    with pytest.raises(TypeError, match=r"max_new_tokens must be a non-negative int, got 2.5 \(float\)"):
+        model.generate(torch.tensor([[1]]), 2.5)
+
+
+# ================================================================= a reader's own model, loaded from a plain state dict
+
+
+class ReaderLlama:
+    """A from-scratch Llama in plain torch, after Meta's reference ``model.py`` (no llmbook inside).
+
+    Weights are a plain dict with Meta's names; RoPE rotates interleaved pairs (2j, 2j+1) by complex
+    multiplication with ``freqs_cis``; frequencies are formed in float32 as Meta does, angles in float64.
+    """
+
+    def __init__(self, V=50, C=32, L=2, H=4, H_kv=2, d_ff=64, eps=1e-5, theta=10000.0, seed=0):
+        self.V, self.C, self.L, self.H, self.H_kv, self.D, self.eps, self.theta = V, C, L, H, H_kv, C // H, eps, theta
+        g = torch.Generator().manual_seed(seed)
+        mat = lambda *shape: 0.3 * torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+        gain = lambda: 1 + 0.1 * torch.randn(C, generator=g, dtype=torch.float64)  # noqa: E731
+        sd = {"tok_embeddings.weight": mat(V, C), "norm.weight": gain(), "output.weight": mat(V, C)}
+        for l in range(L):
+            p = f"layers.{l}."
+            sd[p + "attention.wq.weight"], sd[p + "attention.wo.weight"] = mat(H * self.D, C), mat(C, H * self.D)
+            sd[p + "attention.wk.weight"], sd[p + "attention.wv.weight"] = mat(H_kv * self.D, C), mat(H_kv * self.D, C)
+            sd[p + "feed_forward.w1.weight"], sd[p + "feed_forward.w3.weight"] = mat(d_ff, C), mat(d_ff, C)
+            sd[p + "feed_forward.w2.weight"] = mat(C, d_ff)
+            sd[p + "attention_norm.weight"], sd[p + "ffn_norm.weight"] = gain(), gain()
+        self.state_dict = sd
+
+    def rms(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def freqs_cis(self, positions):  # positions (B, T) -> (B, T, D/2) unit phasors
+        freqs = 1.0 / (self.theta ** (torch.arange(0, self.D, 2)[: self.D // 2].float() / self.D))
+        angles = positions.double()[..., None] * freqs.double()
+        return torch.polar(torch.ones_like(angles), angles)
+
+    def __call__(self, ids, positions=None):
+        sd, (B, T), D = self.state_dict, ids.shape, self.D
+        positions = torch.arange(T).expand(B, T) if positions is None else positions.expand(B, T)
+        fc = self.freqs_cis(positions)[:, :, None, :]  # (B, T, 1, D/2): one phasor per sequence and position
+        rot = lambda x: torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * fc).flatten(3)  # noqa: E731
+        mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+        h = sd["tok_embeddings.weight"][ids]
+        for l in range(self.L):
+            p = f"layers.{l}."
+            x = self.rms(h, sd[p + "attention_norm.weight"])
+            q = rot((x @ sd[p + "attention.wq.weight"].T).view(B, T, self.H, D)).transpose(1, 2)
+            k = rot((x @ sd[p + "attention.wk.weight"].T).view(B, T, self.H_kv, D)).transpose(1, 2)
+            v = (x @ sd[p + "attention.wv.weight"].T).view(B, T, self.H_kv, D).transpose(1, 2)
+            k, v = (t.repeat_interleave(self.H // self.H_kv, dim=1) for t in (k, v))
+            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, -1) @ v
+            h = h + a.transpose(1, 2).reshape(B, T, self.C) @ sd[p + "attention.wo.weight"].T
+            x = self.rms(h, sd[p + "ffn_norm.weight"])
+            ff = F.silu(x @ sd[p + "feed_forward.w1.weight"].T) * (x @ sd[p + "feed_forward.w3.weight"].T)
+            h = h + ff @ sd[p + "feed_forward.w2.weight"].T
+        return self.rms(h, sd["norm.weight"]) @ sd["output.weight"].T
+
+
+@pytest.mark.parametrize("model_layout", ["interleaved", "half"])
+def test_reader_model_from_plain_state_dict_matches(model_layout):
+    reader = ReaderLlama()
+    cfg = GPTConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, norm_eps=1e-5,
+                    tie_embeddings=False, rope_layout=model_layout)
+    # the checkpoint is interleaved: a half-layout model converts its q/k rows on the way in
+    model = TinyGPT(cfg).double().load_mapped_state_dict(reader.state_dict, meta_llama_key_map(2),
+                                                         rope_layout="interleaved").eval()
+    ids = torch.randint(0, 50, (3, 11), generator=torch.Generator().manual_seed(1))
+    positions = torch.tensor([[0], [5], [40]]) + torch.arange(11)  # (B, T): each sequence starts elsewhere
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reader(ids), **F64)
+        torch.testing.assert_close(model(ids, positions=positions), reader(ids, positions), **F64)
+        torch.testing.assert_close(model(ids, positions=positions[1]), reader(ids, positions[1]), **F64)
+    if model_layout == "interleaved":  # loading without telling the layout mixes the pairs: logits differ
+        wrong = TinyGPT(GPTConfig(**{**cfg.__dict__, "rope_layout": "half"})).double()
+        wrong.load_mapped_state_dict(reader.state_dict, meta_llama_key_map(2))
+        with torch.no_grad():
+            assert not torch.allclose(wrong(ids), reader(ids), atol=1e-3)
+
+
+@pytest.mark.parametrize("model_layout", ["half", "interleaved"])
+def test_llama_loaded_from_its_plain_state_dict(model_layout):
+    llama = tiny_llama(n_kv_heads=2, tie=False, dtype=torch.float64, seed=2)
+    cfg = GPTConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=88,
+                    tie_embeddings=False, rope_layout=model_layout)
+    state = {k: v.clone() for k, v in llama.state_dict().items()}  # a plain dict[str, Tensor]
+    model = TinyGPT(cfg).double().load_mapped_state_dict(state, llama_key_map(2, tie_embeddings=False),
+                                                         rope_layout="half", ignore=["*inv_freq"]).eval()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    position_ids = torch.stack([torch.arange(9), torch.arange(9) + 17])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), llama(ids).logits, **F32)
+        torch.testing.assert_close(model(ids, positions=position_ids), llama(ids, position_ids=position_ids).logits,
+                                   **F32)
+
+
+def test_default_config_is_plain_multi_head_attention():
+    cfg = GPTConfig()
+    assert cfg.n_kv_heads is None and cfg.kv_heads == cfg.n_heads and cfg.rope_layout == "half"
+    model = TinyGPT(cfg)
+    attn = model.blocks[0].attn
+    assert attn.n_kv_heads == attn.n_heads == 4 and attn.k_proj.weight.shape == (32, 32)
+    # V C (tied embedding) + L (4 C^2 attention + 3 C d_ff SwiGLU + 2 C norms) + C final norm
+    assert model.num_parameters() == 64 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 88 + 2 * 32) + 32

@@ -114,7 +114,30 @@ def test_init_rejects_bad_input():
         he_normal_(torch.empty(3, 3), mode="fan")
     with pytest.raises(ValueError, match="nonlinearity must be one of"):
         he_normal_(torch.empty(3, 3), nonlinearity="softsign")
-    with pytest.raises(ValueError, match=r"gain must lie in \(0.0, inf\]"):
+    with pytest.raises(ValueError, match=r"gain must lie in \(0.0, inf\), got -1.0"):
         xavier_uniform_(torch.empty(3, 3), gain=-1.0)
     with pytest.raises(ValueError, match="init must be"):
         activation_second_moments("zeros")
+
+
+def test_gain_and_fans_reject_infinity_and_other_kinds():
+    w = torch.empty(4, 3)
+    # issue 11: xavier_uniform_(gain=inf) failed deep inside torch
+    with pytest.raises(ValueError, match=r"gain must lie in \(0.0, inf\), got inf"):
+        xavier_uniform_(w, gain=float("inf"))
+    with pytest.raises(ValueError, match=r"gain must be a real number, got nan"):
+        xavier_normal_(w, gain=float("nan"))
+    with pytest.raises(TypeError, match=r"gain must be a real number, got '1' \(str\)"):
+        xavier_uniform_(w, gain="1")
+    with pytest.raises(TypeError, match=r"n_in must be a positive int, got 4.0 \(float\)"):
+        xavier_bound(4.0, 3)
+    with pytest.raises(TypeError, match=r"n \(the fan\) must be a positive int, got True \(bool\)"):
+        he_std(True)
+
+
+@pytest.mark.parametrize("init", [xavier_uniform_, xavier_normal_, he_normal_, he_uniform_])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_initialisers_reject_non_floating_weights(init, dtype):
+    """Issue 11: an int or bool W reached W.normal_ / W.uniform_ (NotImplementedError from torch)."""
+    with pytest.raises(TypeError, match=rf"W must be a real floating-point tensor, got dtype {dtype}"):
+        init(torch.zeros(3, 4, dtype=dtype))

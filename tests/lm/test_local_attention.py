@@ -6,6 +6,8 @@ the mask nor the attention shares code with the implementation. Tolerance: float
 1e-5``; masks are compared exactly.
 """
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -131,3 +133,70 @@ def test_bad_inputs_are_rejected():
         sparse_attention(q[:, :3], q, q, stride=2)
     with pytest.raises(ValueError, match="stride must be a positive int"):
         sparse_mask(8, "strided", 0)
+
+
+# ================================================================= fp16 / bf16 (issue 11)
+
+HALF_TOL = {torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_local_and_sparse_attention_in_half_precision_at_large_scores(dtype):
+    # |q|, |k| ~ 40 * sqrt(D): q.k overflows fp16 unless computed in float32; oracle: torch on the
+    # float64 upcast with the dense mask of the pattern
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 16, generator=g) * s for s in (40.0, 40.0, 1.0))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    out = sliding_window_attention(q, k, v, window=3, block_q=4)
+    assert out.dtype == dtype
+    ref = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=sliding_window_mask(12, window=3))
+    torch.testing.assert_close(out.double(), ref, **HALF_TOL[dtype])
+    for pattern in ("strided", "fixed"):
+        out = sparse_attention(q, k, v, pattern, stride=3)
+        assert out.dtype == dtype
+        ref = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=sparse_mask(12, pattern, 3))
+        torch.testing.assert_close(out.double(), ref, **HALF_TOL[dtype])
+
+
+# ================================================================= issue 11: gathered_attention validates its inputs
+
+
+def test_gathered_attention_validates_everything():
+    from llmbook.lm.local_attention import gathered_attention
+
+    q = torch.randn(1, 2, 4, 3)
+    idx, valid = sparse_indices(4, "strided", 2)
+    # oracle: with every slot listing all keys, gathered attention is plain softmax attention
+    full = torch.arange(4).expand(4, 4)
+    torch.testing.assert_close(gathered_attention(q, q, q, full, torch.ones(4, 4, dtype=torch.bool), 0.5),
+                               F.scaled_dot_product_attention(q, q, q, scale=0.5), **F32)
+    cases = [
+        (dict(scale=0.0), ValueError, r"scale must lie in \(0.0, inf\), got 0.0"),
+        (dict(scale=-1.0), ValueError, r"scale must lie in \(0.0, inf\), got -1.0"),
+        (dict(scale=float("inf")), ValueError, r"scale must lie in \(0.0, inf\), got inf"),
+        (dict(scale="1"), TypeError, r"scale must be a real number, got '1'"),
+        (dict(idx=idx.float()), TypeError, r"idx must be an integer tensor, got dtype torch.float32"),
+        (dict(valid=valid.long()), TypeError, r"valid must be a bool mask .*, got dtype torch.int64"),
+        (dict(valid=valid[:, :1]), ValueError, r"idx \(4, \d+\) and valid \(4, 1\) must have the same shape"),
+        (dict(idx=idx + 4), ValueError, r"idx must hold key indices in \[0, T_k\) = \[0, 4\)"),
+        (dict(idx=idx[:3], valid=valid[:3]), ValueError, r"idx \(3, \d+\) must broadcast to \(B, H, T_q, n\)"),
+        (dict(q=q[0]), ValueError, r"q, k, v must all have shape|q, k, v must have shape \(B, H, T, D\)"),
+    ]
+    for change, exc, match in cases:
+        args = dict(q=q, k=q, v=q, idx=idx, valid=valid, scale=0.5) | change
+        if "q" in change:
+            args["k"] = args["v"] = args["q"]
+        with pytest.raises(exc, match=match):
+            gathered_attention(**args)
+
+
+@pytest.mark.parametrize("bad, err", [(True, TypeError), (2.5, TypeError), ("0.5", TypeError),
+                                      (float("nan"), TypeError), (0, ValueError), (3, ValueError)])
+def test_n_summary_is_checked_for_every_pattern(bad, err):
+    """Issue 11: the strided pattern ignored n_summary, so True, 2.5, '0.5', NaN and 0 passed silently."""
+    q = torch.randn(1, 9, 4)
+    for pattern in ("strided", "fixed"):
+        with pytest.raises(err, match=r"n_summary \(c\) must be an int in \[1, stride = 2\], got "
+                                      + re.escape(repr(bad))):
+            sparse_attention(q, q, q, pattern, stride=2, n_summary=bad)

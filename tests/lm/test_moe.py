@@ -484,3 +484,114 @@ def test_claim_C13_mixtral_layer_parameter_count():
 
 
 
+
+
+# ============================================ top-k routing with a bias, underflowed scores (issue 11)
+
+
+def _routing64(z, K, bias):
+    """Float64 oracle from the logits: g = softmax(z) (no underflow at |z| = 200), select by g + b,
+    weights g_S / sum g_S = softmax(z_S)."""
+    g = torch.softmax(z, -1)
+    ids = torch.topk(g.detach() + bias, K, dim=-1).indices
+    return torch.softmax(z.gather(-1, ids), -1), ids
+
+
+@pytest.mark.parametrize("z, K, bias", [
+    ([[200.0, 0.0, 0.0, 0.0]], 2, [-5.0, 0.0, 0.0, 0.0]),   # float32 softmax underflows to [1, 0, 0, 0]
+    ([[200.0, 0.0, 0.0, 0.0]], 2, [0.0, 0.0, 0.0, 0.0]),    # one selected expert underflowed
+    ([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, -2.0, 1.0]], 2, [0.0, -0.5, 0.7, 0.2]),  # nothing underflows
+])
+def test_top_k_routing_with_bias_matches_float64_values_and_gradients(z, K, bias):
+    z64 = torch.tensor(z, dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(bias)
+    w_ref, ids_ref = _routing64(z64, K, b.double())
+    z32 = z64.detach().float().requires_grad_(True)
+    w, ids = top_k_routing(torch.softmax(z32, -1), K, bias=b)
+    assert torch.equal(ids, ids_ref)
+    assert torch.isfinite(w).all()
+    torch.testing.assert_close(w.double(), w_ref.detach(), rtol=1e-6, atol=1e-6)
+    c = torch.arange(1.0, K + 1)  # a loss that sees the individual weights
+    (w * c).sum().backward()
+    (w_ref * c.double()).sum().backward()
+    assert torch.isfinite(z32.grad).all()
+    # where every selected float32 score underflowed to 0 the weights are uniform and constant: the
+    # float64 gradient (+-0.25) is not recoverable from probabilities that are exactly 0
+    if torch.softmax(z32.detach(), -1).gather(-1, ids).sum(-1).gt(0).all():
+        torch.testing.assert_close(z32.grad.double(), z64.grad, rtol=1e-5, atol=1e-6)
+    else:
+        assert torch.equal(z32.grad, torch.zeros_like(z32.grad))
+
+
+def test_top_k_routing_bias_selecting_a_zero_probability_expert_issue_case():
+    w, ids = top_k_routing(torch.tensor([[1.0, 0.0, 0.0]]), 1, bias=torch.tensor([-2.0, 0.0, 0.0]))
+    assert ids.tolist() == [[1]]
+    assert w.tolist() == [[1.0]]  # K = 1: the renormalised weight is 1, not 0/0
+
+
+# ================================================================= issue 11: argument pairs and bad scalars
+
+
+def test_router_probs_rejects_mixed_dtypes():
+    with pytest.raises(TypeError, match=r"x \(torch.float32\) and W_g \(torch.float64\) must share one dtype"):
+        router_probs(torch.ones(2, 3), torch.zeros(4, 3, dtype=torch.float64))
+
+
+def test_keep_must_match_topk_ids():
+    ids = torch.tensor([[0, 1], [1, 2]])
+    w = torch.full((2, 2), 0.5)
+    experts = [lambda r: r, lambda r: 2 * r, lambda r: 3 * r]
+    x = torch.ones(2, 3)
+    for bad, exc, match in [
+        (torch.ones(2, dtype=torch.bool), ValueError, r"keep \(2,\) and topk_ids \(2, 2\) must have the same shape"),
+        (torch.ones(4, dtype=torch.bool), ValueError, r"keep \(4,\) and topk_ids \(2, 2\) must have the same shape"),
+        (torch.ones(2, 2), TypeError, r"keep must be a bool mask .*, got dtype torch.float32"),
+    ]:
+        with pytest.raises(exc, match=match):
+            moe_output(x, experts, ids, w, keep=bad)
+        with pytest.raises(exc, match=match):
+            expert_load(ids, 3, keep=bad)
+    keep = torch.tensor([[True, False], [False, True]])
+    # oracle: the kept assignments counted by hand / combined by hand
+    assert expert_load(ids, 3, keep=keep).tolist() == [1, 0, 1]
+    torch.testing.assert_close(moe_output(x, experts, ids, w, keep=keep), torch.tensor([[0.5] * 3, [1.5] * 3]))
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: expert_capacity(64, 8, 2, math.inf), ValueError, r"capacity_factor must lie in \(0.0, inf\), got inf"),
+        (lambda: expert_capacity(64, 8, 2, math.nan), ValueError, r"capacity_factor must be a real number, got nan"),
+        (lambda: expert_capacity(64, 8, 2, "1.25"), TypeError, r"capacity_factor must be a real number, got '1.25'"),
+        (lambda: expert_capacity(64.0, 8, 2, 1.25), TypeError, r"N must be a positive int, got 64.0 \(float\)"),
+        (lambda: top_k_routing(torch.rand(2, 4), True), TypeError, r"K must be a positive int, got True \(bool\)"),
+        (lambda: capacity_mask(torch.tensor([[0]]), 2, capacity=1.5), TypeError,
+         r"capacity must be a non-negative int, got 1.5 \(float\)"),
+        (lambda: moe_output(torch.ones(1, 2), [lambda r: r], torch.tensor([[0]]), torch.ones(1, 1), d_out=0),
+         ValueError, r"d_out must be a positive int, got 0"),
+    ],
+)
+def test_scalars_reject_bad_values(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_moe_output_with_no_channels_or_no_choices():
+    """Issue 11: C = 0 or K = 0 made reshape(-1, 0) fail; the sum over no choices is 0, over no channels empty."""
+    x = torch.randn(6, 4, generator=gen(0))
+    experts = [lambda r: 2 * r, lambda r: 3 * r]
+    ids, w = torch.zeros(6, 0, dtype=torch.long), torch.zeros(6, 0)
+    torch.testing.assert_close(moe_output(x, experts, ids, w), torch.zeros(6, 4), rtol=0, atol=0)  # K = 0
+    ids, w = torch.zeros(6, 1, dtype=torch.long), torch.ones(6, 1)
+    assert moe_output(torch.zeros(6, 0), experts, ids, w).shape == (6, 0)  # C = 0
+
+
+def test_capacity_beyond_int64_keeps_everything_and_bool_load_is_rejected():
+    """Issue 11: capacity_factor = 1e30 gave a capacity beyond int64 (OverflowError); a bool load passed silently."""
+    ids = torch.tensor([[0, 1], [0, 2], [0, 1]])
+    capacity = expert_capacity(3, 3, 2, 1e30)
+    assert capacity > 2**63
+    assert capacity_mask(ids, 3, capacity).all()
+    torch.testing.assert_close(capacity_mask(ids, 3, capacity), capacity_mask(ids, 3, 6), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="load must be a real floating-point tensor, got dtype torch.bool"):
+        update_routing_bias(torch.zeros(3), torch.tensor([True, False, True]), 0.1)

@@ -46,3 +46,17 @@ def test_simulation_is_deterministic_and_validates():
         simulate_routing(E=4, K=5)
     with pytest.raises(ValueError, match="load must be a non-empty"):
         load_imbalance(torch.zeros(3))
+
+
+def test_moe_layer_huge_capacity_factor_and_input_kinds():
+    """Issue 11: MoELayer(capacity_factor=1e30) raised OverflowError; int/bool x reached the router's matmul."""
+    x = torch.randn(2, 3, 4, generator=gen(0))
+    free, huge = MoELayer(4, 8, 4, 2, generator=gen(1)), MoELayer(4, 8, 4, 2, capacity_factor=1e30, generator=gen(1))
+    (y_free, _), (y_huge, r_huge) = free(x), huge(x)
+    assert bool(r_huge.keep.all()) and r_huge.capacity > 2**63
+    torch.testing.assert_close(y_huge, y_free, rtol=0, atol=0)  # an unlimited capacity drops nothing
+    for dt in (torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=rf"x must be a real floating-point tensor, got dtype {dt}"):
+            free(x.to(dt))
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, C\) with C = 4, got \(2, 3, 5\)"):
+        free(torch.randn(2, 3, 5))

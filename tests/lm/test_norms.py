@@ -105,7 +105,7 @@ def test_norm_bad_input():
         batch_norm(torch.randn(1, 3))
     with pytest.raises(ValueError, match="needs running_mean"):
         batch_norm(torch.randn(4, 3), training=False)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="the layer count N must be a positive int, got 0"):
         deepnorm_constants(0)
 
 
@@ -191,3 +191,170 @@ def test_deepnorm_block_and_constants():
         torch.testing.assert_close(w1, beta * w0, rtol=0, atol=0)
     x = torch.randn(4, 8)
     torch.testing.assert_close(block(x), F.layer_norm(alpha * x + ffn(x), (8,)), **F32)
+
+
+# ================================================================= fp16 / bf16: statistics in float32 (issue 11)
+
+# Low-precision tolerances, against torch's own fp16/bf16 kernels (which also compute in float32 and
+# round once) and a float64 reference: a few units in the last place of the output dtype.
+HALF_TOL = {torch.float16: dict(rtol=2e-3, atol=2e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+HALF = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+
+
+def test_layer_norm_fp16_large_values_issue_case():
+    # (x - mu)^2 = 90000 overflows fp16 (max 65504); torch gives [-1, 1]
+    x = torch.tensor([0.0, 600.0], dtype=torch.float16)
+    y = layer_norm(x)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y, F.layer_norm(x, (2,)), rtol=0, atol=0)
+    torch.testing.assert_close(y, torch.tensor([-1.0, 1.0], dtype=torch.float16), rtol=0, atol=1e-3)
+
+
+@HALF
+def test_norms_in_half_precision_match_torch_and_float64(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 8, 4096, generator=g) * 300).to(dtype)  # every output was 0 in fp16 before
+    x64 = x.double()
+    w, b = torch.randn(4096, generator=g).to(dtype), torch.randn(4096, generator=g).to(dtype)
+    tol = HALF_TOL[dtype]
+    y = layer_norm(x, w, b)
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    torch.testing.assert_close(y, F.layer_norm(x, (4096,), w, b), **tol)
+    torch.testing.assert_close(y.double(), F.layer_norm(x64, (4096,), w.double(), b.double()), **tol)
+    ln = LayerNorm(4096).to(dtype)
+    torch.testing.assert_close(ln(x), F.layer_norm(x, (4096,), ln.weight, ln.bias), **tol)
+    # GroupNorm over (B, C, S) = (4, 8, 4096), G = 2
+    wc, bc = torch.randn(8, generator=g).to(dtype), torch.randn(8, generator=g).to(dtype)
+    yg = group_norm(x, 2, wc, bc)
+    assert yg.dtype == dtype
+    torch.testing.assert_close(yg, F.group_norm(x, 2, wc, bc), **tol)
+    torch.testing.assert_close(yg.double(), F.group_norm(x64, 2, wc.double(), bc.double()), **tol)
+    gn = GroupNorm(4, 8).to(dtype)
+    torch.testing.assert_close(gn(x), F.group_norm(x, 4, gn.weight, gn.bias), **tol)
+    # BatchNorm, training (float32 running buffers, as after model.half() on the buffers' copy) and eval
+    rm, rv = torch.zeros(8), torch.ones(8)
+    rm_ref, rv_ref = torch.zeros(8, dtype=torch.float64), torch.ones(8, dtype=torch.float64)
+    yb = batch_norm(x, rm, rv, wc, bc, training=True)
+    yb_ref = F.batch_norm(x64, rm_ref, rv_ref, wc.double(), bc.double(), training=True)
+    assert yb.dtype == dtype
+    torch.testing.assert_close(yb.double(), yb_ref, **tol)
+    torch.testing.assert_close(rm.double(), rm_ref, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(rv.double(), rv_ref, rtol=1e-5, atol=1e-3)
+    ye = batch_norm(x, rm, rv, wc, bc, training=False)
+    assert ye.dtype == dtype
+    torch.testing.assert_close(ye.double(), F.batch_norm(x64, rm_ref, rv_ref, wc.double(), bc.double(),
+                                                         training=False), **tol)
+    bn = BatchNorm(8).to(dtype)
+    torch.testing.assert_close(bn(x).double(), F.batch_norm(x64, None, None, training=True), **tol)
+    # DeepNorm's post-LN residual: LN(alpha x + x) with the identity sublayer
+    block = DeepNormResidual(4096, nn.Identity(), alpha=2.0).to(dtype)
+    torch.testing.assert_close(block(x).double(), F.layer_norm(3 * x64, (4096,)), **tol)
+
+
+@HALF
+def test_variance_in_half_precision_has_no_intermediate_overflow(dtype):
+    # squares 40000 each sum to 160000 > 65504, but the variance itself (40000) is representable
+    x = torch.tensor([0.0, 400.0, 0.0, 400.0], dtype=dtype)
+    v = variance(x)
+    assert v.dtype == dtype
+    torch.testing.assert_close(v.double(), torch.tensor(40000.0, dtype=torch.float64), **HALF_TOL[dtype])
+    torch.testing.assert_close(variance(x, unbiased=True), x.var(unbiased=True), rtol=0, atol=0)
+
+
+# ================================================================= norm edge cases (issue 11: crashes -> clear errors)
+
+
+@pytest.mark.parametrize("S", [(), (5,)])
+def test_group_norm_empty_batch_matches_torch(S):
+    # oracle: torch.nn.functional.group_norm returns an empty (0, C, *S) tensor for B = 0
+    x = torch.zeros(0, 4, *S)
+    ref = F.group_norm(x, 2)
+    out = group_norm(x, 2)
+    assert out.shape == ref.shape == x.shape
+    assert GroupNorm(2, 4)(x).shape == x.shape
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: GroupNorm(0, 4), ValueError, r"G \(the number of groups\) must be a positive int, got 0"),
+        (lambda: GroupNorm(3, 4), ValueError,
+         r"the number of channels C \(4\) must be divisible by the number of groups G \(3\)"),
+        (lambda: GroupNorm(2.0, 4), TypeError, r"G \(the number of groups\) must be a positive int, got 2.0 \(float\)"),
+        (lambda: group_norm(torch.randn(2, 4), 0), ValueError, r"G \(the number of groups\) must be a positive int"),
+        (lambda: group_norm(torch.randn(2, 4), True), TypeError, r"G \(the number of groups\) must be a positive int"),
+        (lambda: batch_norm(torch.randn(4, 3), torch.zeros(4), torch.ones(3)), ValueError,
+         r"running_mean must have shape \(3,\) to match the channel dim C of x, got \(4,\)"),
+        (lambda: batch_norm(torch.randn(4, 3), torch.zeros(3), torch.ones(2), training=False), ValueError,
+         r"running_var must have shape \(3,\) to match the channel dim C of x, got \(2,\)"),
+        (lambda: batch_norm(torch.randn(4, 3), [0.0, 0.0, 0.0], torch.ones(3)), TypeError,
+         r"running_mean must be a tensor, got list"),
+        (lambda: batch_norm(torch.randn(4, 3), torch.zeros(3, dtype=torch.long), torch.ones(3)), TypeError,
+         r"running_mean must be a real floating-point tensor, got dtype torch.int64"),
+        (lambda: BatchNorm(0), ValueError, r"C must be a positive int, got 0"),
+        (lambda: BatchNorm(3, momentum=1.5), ValueError, r"momentum must lie in \[0.0, 1.0\], got 1.5"),
+        (lambda: LayerNorm(8, eps=float("inf")), ValueError, r"eps must lie in \[0.0, inf\), got inf"),
+        (lambda: RMSNorm(8.0), TypeError, r"d must be a positive int, got 8.0 \(float\)"),
+        (lambda: deepnorm_constants(12, 2.5, part="encoder"), TypeError,
+         r"the layer count M must be a positive int, got 2.5 \(float\)"),
+    ],
+)
+def test_norm_edge_cases_raise_clear_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_batch_norm_running_stats_left_untouched_on_bad_shape():
+    # the size check comes before the in-place update: a rejected call must not modify the buffers
+    rm, rv = torch.zeros(4), torch.ones(4)
+    with pytest.raises(ValueError, match="running_mean must have shape"):
+        batch_norm(torch.randn(5, 3), rm, rv)
+    assert torch.equal(rm, torch.zeros(4)) and torch.equal(rv, torch.ones(4))
+
+
+def test_deepnorm_residual_sum_beyond_fp16_range():
+    # alpha x = 2 * 60000 overflows fp16; the sum is formed in float32 and normalised there
+    x = torch.tensor([[60000.0, -60000.0, 30000.0, 0.0]], dtype=torch.float16)
+    y = DeepNormResidual(4, nn.Identity(), alpha=2.0).half()(x)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y.double(), F.layer_norm(3 * x.double(), (4,)), **HALF_TOL[torch.float16])
+
+
+@pytest.mark.parametrize("name", ["weight", "bias"])
+def test_norm_affine_parameters_must_be_floating(name):
+    """Issue 11: a bool weight or bias was promoted silently (True * y)."""
+    x = torch.randn(2, 4, 3)
+    bad = {name: torch.ones(4, dtype=torch.bool)}
+    text = rf"{name} must be a real floating-point tensor, got dtype torch.bool"
+    calls = [lambda: layer_norm(x.transpose(1, 2), **bad), lambda: batch_norm(x, **bad),
+             lambda: group_norm(x, 2, **bad)]
+    if name == "weight":  # RMSNorm has no bias
+        calls.append(lambda: rms_norm(x.transpose(1, 2), **bad))
+    for call in calls:
+        with pytest.raises(TypeError, match=text):
+            call()
+
+
+def test_variance_input_kinds_and_empty_reductions():
+    """Issue 11: int/bool x crashed in mean(), a list in upcast_half, and an empty dim returned NaN."""
+    x = torch.tensor([[1, 2, 3], [4, 6, 8]])
+    torch.testing.assert_close(variance(x), x.double().var(-1, unbiased=False).float(), **F32)  # oracle: torch.var
+    torch.testing.assert_close(variance(x.tolist(), unbiased=True), x.double().var(-1).float(), **F32)
+    with pytest.raises(TypeError, match="x must be a real floating-point tensor, got dtype torch.bool"):
+        variance(x > 2)
+    with pytest.raises(ValueError, match=r"the variance over dim -1 needs at least 1 value\(s\), got 0 "
+                                         r"\(x of shape \(2, 0\)\)"):
+        variance(torch.zeros(2, 0))
+    with pytest.raises(ValueError, match=r"the unbiased variance over dim 0 needs at least 2 value\(s\), got 1"):
+        variance(torch.zeros(1, 3), dim=0, unbiased=True)
+    with pytest.raises(ValueError, match=r"dim \(2\) must name an axis of x of shape \(2, 3\)"):
+        variance(x, dim=2)
+
+
+def test_deepnorm_checks_its_input():
+    """Issue 11: a list x reached alpha * x (TypeError from a torch call)."""
+    block = DeepNormResidual(4, nn.Linear(4, 4), alpha=2.0)
+    with pytest.raises(TypeError, match="x must be a tensor, got list"):
+        block([[1.0, 2.0, 3.0, 4.0]])
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d\) with d = 4, got \(2, 3\)"):
+        block(torch.randn(2, 3))

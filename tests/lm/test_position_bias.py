@@ -47,7 +47,7 @@ def test_alibi_attention_equals_bloom_after_softmax():
 
 
 def test_alibi_bad_input():
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match=r"H \(the number of heads\) must be a positive int, got 0"):
         alibi_slopes(0)
     with pytest.raises(ValueError, match=r"slopes must have shape \(H,\)"):
         alibi_bias(4, 3, torch.ones(2))
@@ -97,3 +97,41 @@ def test_t5_bad_input():
         t5_relative_position_bucket(torch.tensor([1.0]))
     with pytest.raises(ValueError, match="max_distance"):
         t5_relative_position_bucket(torch.tensor([1]), num_buckets=32, max_distance=4)
+    with pytest.raises(TypeError, match=r"relative_position must be an integer tensor, got dtype torch.bool"):
+        t5_relative_position_bucket(torch.tensor([True]))
+    with pytest.raises(TypeError, match=r"num_buckets must be a positive int, got 8.0 \(float\)"):
+        t5_relative_position_bucket(torch.tensor([1]), num_buckets=8.0)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        # issue 11: T5RelativeBias with T_q = -1 failed inside torch
+        (lambda: T5RelativeBias(H=2)(-1, 3), ValueError, r"T_q must be a non-negative int, got -1"),
+        (lambda: T5RelativeBias(H=2)(3, 2.5), TypeError, r"T_k must be a non-negative int, got 2.5 \(float\)"),
+        (lambda: T5RelativeBias(H=2)(3, 3, offset=-2), ValueError, r"offset must be a non-negative int, got -2"),
+        (lambda: T5RelativeBias(H=0), ValueError, r"H must be a positive int, got 0"),
+        (lambda: T5RelativeBias(H=2, num_buckets=32, max_distance=4), ValueError, r"max_distance \(4\) must exceed"),
+    ],
+)
+def test_t5_module_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        # issue 11: alibi_bias(2.5, ...) was accepted
+        (lambda: alibi_bias(2.5, 2), TypeError, r"T must be a non-negative int, got 2.5 \(float\)"),
+        (lambda: alibi_bias(True, 2), TypeError, r"T must be a non-negative int, got True \(bool\)"),
+        (lambda: alibi_bias("3", 2), TypeError, r"T must be a non-negative int, got '3' \(str\)"),
+        (lambda: alibi_bias(3, 2.0), TypeError, r"H must be a positive int, got 2.0 \(float\)"),
+        (lambda: alibi_bias(3, 2, T_k=4.0), TypeError, r"T_k must be a non-negative int, got 4.0 \(float\)"),
+        (lambda: alibi_bias(-1, 2), ValueError, r"T must be a non-negative int, got -1"),
+        (lambda: alibi_slopes(True), TypeError, r"H \(the number of heads\) must be a positive int, got True"),
+    ],
+)
+def test_alibi_rejects_non_integer_sizes(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

@@ -29,6 +29,7 @@ from llmbook.lm.probability import (
     conditional_log_likelihood,
     cross_entropy,
     cross_entropy_decomposition,
+    cross_entropy_loss,
     entropy,
     kl_divergence,
     length_normalized_score,
@@ -589,9 +590,10 @@ BAD = [
     # bits per byte
     (lambda: bits_per_byte(10.0, 0), ValueError, "n_bytes must be a positive int"),
     (lambda: bits_per_byte(10.0, -3), ValueError, "n_bytes must be a positive int"),
-    (lambda: bits_per_byte(10.0, 2.5), ValueError, "n_bytes must be a positive int"),
-    (lambda: bits_per_byte(-1.0, 10), ValueError, "non-negative number of nats"),
-    (lambda: bits_per_byte(float("nan"), 10), ValueError, "non-negative number of nats"),
+    (lambda: bits_per_byte(10.0, 2.5), TypeError, r"n_bytes must be a positive int, got 2.5 \(float\)"),
+    (lambda: bits_per_byte(10.0, True), TypeError, r"n_bytes must be a positive int, got True \(bool\)"),
+    (lambda: bits_per_byte(-1.0, 10), ValueError, r"total_nll_nats must lie in \[0.0, inf\], got -1.0"),
+    (lambda: bits_per_byte(float("nan"), 10), ValueError, "total_nll_nats must be a real number, got nan"),
     # shifting and teacher forcing
     (lambda: shift_labels(torch.zeros(2, 3)), ValueError, "integer tensor of shape"),
     (lambda: shift_labels(torch.zeros(3, dtype=L)), ValueError, r"shape \(B, T\)"),
@@ -607,3 +609,93 @@ BAD = [
 def test_bad_input_raises_helpful_error(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# ================================================================= the logits-and-targets loss (torch's cross_entropy)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_loss_matches_torch(reduction):
+    g = torch.Generator().manual_seed(5)
+    logits = 3 * torch.randn(3, 6, 11, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 11, (3, 6), generator=g)
+    targets[0, :4] = -100  # padding, torch's default ignore_index
+    ref = F.cross_entropy(logits.transpose(1, 2), targets, reduction=reduction)  # torch: classes on dim 1
+    torch.testing.assert_close(cross_entropy_loss(logits, targets, reduction=reduction), ref, **F64)
+    # ignore_index=None counts every position, like a torch call whose ignore_index matches nothing
+    full = targets.clamp(min=0)
+    torch.testing.assert_close(cross_entropy_loss(logits, full, reduction=reduction, ignore_index=None),
+                               F.cross_entropy(logits.transpose(1, 2), full, reduction=reduction), **F64)
+    # flat (N, V) and a single (V,) row, as torch accepts them
+    torch.testing.assert_close(cross_entropy_loss(logits[1], targets[1], reduction=reduction),
+                               F.cross_entropy(logits[1], targets[1], reduction=reduction), **F64)
+    torch.testing.assert_close(cross_entropy_loss(logits[1, 2], targets[1, 2]), F.cross_entropy(logits[1, 2],
+                               targets[1, 2]), **F64)
+
+
+def test_cross_entropy_loss_default_is_the_mean_and_distinct_from_cross_entropy():
+    logits, targets = torch.randn(4, 7, dtype=torch.float64), torch.tensor([0, 3, 6, 2])
+    mean = cross_entropy_loss(logits, targets)
+    torch.testing.assert_close(mean, F.cross_entropy(logits, targets), **F64)
+    torch.testing.assert_close(mean * 4, F.cross_entropy(logits, targets, reduction="sum"), **F64)
+    # H(y, p) of the distributions: one-hot y against softmax(z), per row
+    torch.testing.assert_close(cross_entropy(F.one_hot(targets, 7).double(), logits.softmax(-1)),
+                               cross_entropy_loss(logits, targets, reduction="none"), **F64)
+
+
+def test_cross_entropy_loss_bad_input():
+    logits = torch.randn(2, 3, 5)
+    with pytest.raises(ValueError, match="reduction must be 'sum', 'mean' or 'none', got 'avg'"):
+        cross_entropy_loss(logits, torch.zeros(2, 3, dtype=torch.long), reduction="avg")
+    with pytest.raises(ValueError, match=r"disagree on \(B, T\)"):
+        cross_entropy_loss(logits, torch.zeros(3, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids in \[0, V\) = \[0, 5\)"):
+        cross_entropy_loss(logits, torch.full((2, 3), 5))
+    with pytest.raises(TypeError, match="integer token ids"):
+        cross_entropy_loss(logits, torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="ignore_index must be an int or None"):
+        cross_entropy_loss(logits, torch.zeros(2, 3, dtype=torch.long), ignore_index=1.5)
+    with pytest.raises(ValueError, match="no counted token"):
+        cross_entropy_loss(logits, torch.full((2, 3), -100))
+
+
+# ================================================================= issue 11: reduction axes (IndexError -> ValueError)
+
+
+def test_reduction_axis_is_checked():
+    with pytest.raises(ValueError, match=r"z must not be empty along dim 0, got shape \(0, 3\)"):
+        logsumexp(torch.zeros(0, 3), dim=0)
+    for fn in (softmax, log_softmax, logsumexp):
+        with pytest.raises(ValueError, match=r"dim \(5\) must name an axis of z of shape \(2, 3\): an int in \[-2, 1"):
+            fn(torch.zeros(2, 3), dim=5)
+        with pytest.raises(TypeError, match=r"dim must be an int, got 1.5 \(float\)"):
+            fn(torch.zeros(2, 3), dim=1.5)
+    # reducing a non-empty axis of an empty batch is fine: oracle torch.logsumexp
+    torch.testing.assert_close(logsumexp(torch.zeros(0, 3), dim=1), torch.logsumexp(torch.zeros(0, 3), dim=1))
+    z = torch.randn(2, 3, 4, dtype=torch.float64)
+    torch.testing.assert_close(softmax(z, dim=-3), torch.softmax(z, dim=0), rtol=1e-12, atol=1e-12)
+
+
+def test_bool_targets_are_not_token_ids():
+    """Issue 11: a bool target tensor was read as ids 0/1 by the whole cross-entropy family."""
+    logits, ids = torch.randn(2, 3, 5), torch.tensor([[0, 1, 1], [1, 0, 1]])
+    text = "targets must be a tensor of integer token ids, got dtype torch.bool"
+    for call in (token_log_probs, sequence_log_likelihood, nll, perplexity, cross_entropy_loss,
+                 lambda z, t: conditional_log_likelihood(z, t, 1)):
+        with pytest.raises(TypeError, match=text):
+            call(logits, ids.bool())
+        call(logits, ids)  # the same values as ids are fine
+    model = lambda tokens: torch.zeros(*tokens.shape, 5)  # noqa: E731 - a uniform language model
+    with pytest.raises(TypeError, match="x must be a tensor of integer token ids, got dtype torch.bool"):
+        teacher_forcing_loss(model, ids.bool(), ids)
+    with pytest.raises(TypeError, match="y_star must be a tensor of integer token ids, got dtype torch.bool"):
+        teacher_forcing_loss(model, ids, ids.bool())
+
+
+@pytest.mark.parametrize("bad, text", [(True, r"got True \(bool\)"), ("0.5", r"got '0.5' \(str\)"),
+                                       (torch.tensor(True), r"got True \(bool\)")])
+def test_bits_per_byte_rejects_non_numbers(bad, text):
+    """Issue 11: float(True) = 1 and float('0.5') = 0.5 were accepted as nats."""
+    with pytest.raises(TypeError, match=r"total_nll_nats must be a real number, " + text):
+        bits_per_byte(bad, 10)
+    assert bits_per_byte(math.inf, 10) == math.inf  # a byte of probability 0 costs infinitely many bits

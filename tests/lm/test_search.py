@@ -242,9 +242,11 @@ def test_speculative_decode_sequences_follow_target():
 @pytest.mark.parametrize(
     "call, exc, match",
     [
-        (lambda: beam_search(lambda s: torch.zeros(3), [0], 0, 3), ValueError, "beam_width must be >= 1"),
-        (lambda: beam_search(lambda s: torch.zeros(3), [0], 2, 0), ValueError, "max_len must be >= 1"),
-        (lambda: beam_search(lambda s: torch.zeros(3), [0], 2.0, 3), TypeError, "beam_width must be an int"),
+        (lambda: beam_search(lambda s: torch.zeros(3), [0], 0, 3), ValueError,
+         "beam_width must be a positive int, got 0"),
+        (lambda: beam_search(lambda s: torch.zeros(3), [0], 2, 0), ValueError, "max_len must be a positive int, got 0"),
+        (lambda: beam_search(lambda s: torch.zeros(3), [0], 2.0, 3), TypeError,
+         r"beam_width must be a positive int, got 2.0 \(float\)"),
         (lambda: beam_search(lambda s: torch.zeros(3), [[0]], 2, 3), ValueError, "prefix must be a non-empty 1-D"),
         (lambda: beam_search(lambda s: torch.zeros(3), [], 2, 3), ValueError, "prefix must be a non-empty 1-D"),
         (lambda: beam_search(lambda s: torch.zeros(2, 3), [0], 2, 3), ValueError, r"shape \(V,\)"),
@@ -277,3 +279,23 @@ def test_speculative_decode_sequences_follow_target():
 def test_bad_input_raises(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_length_penalty_kinds_and_overflow():
+    """Issue 11: length 2.5 / True / NaN and a bool log_prob passed silently, a list failed in float();
+    alpha = 1e30 raised OverflowError (in beam_search too)."""
+    for bad, text in [(True, r"got True \(bool\)"), (2.5, r"got 2.5 \(float\)"), ("0.5", r"got '0.5' \(str\)"),
+                      (math.nan, r"got nan \(float\)")]:
+        with pytest.raises(TypeError, match="length must be a non-negative int, " + text):
+            length_penalty(-1.0, bad, 1.0)
+    with pytest.raises(TypeError, match=r"length must be an integer tensor of token counts, got dtype torch.float32"):
+        length_penalty(torch.tensor([-1.0]), torch.tensor([2.5]), 1.0)
+    with pytest.raises(TypeError, match="log_prob must be a real floating-point tensor, got dtype torch.bool"):
+        length_penalty(torch.tensor([True]), 3, 1.0)
+    torch.testing.assert_close(length_penalty([-6.0, -12.0], 7, 1.0), torch.tensor([-3.0, -6.0]), rtol=0, atol=0)
+    assert length_penalty(-6.0, 0, 1.0) == -6.0 / (5 / 6)  # |y| = 0 is allowed: factor (5/6)^alpha
+    # alpha = 1e30: the factor ((5 + n) / 6)^alpha exceeds any float, so the score is log p / inf = -0.0 for n > 1
+    assert length_penalty(-6.0, 7, 1e30) == 0.0 and length_penalty(-6.0, 1, 1e30) == -6.0
+    table = torch.log(torch.tensor([[0.1, 0.5, 0.4], [0.6, 0.2, 0.2], [0.0, 0.0, 1.0]]))
+    hyps = beam_search(lambda seq: table[seq[-1]], torch.tensor([0]), beam_width=2, max_len=3, eos_id=0, alpha=1e30)
+    assert all(math.isfinite(h.score) for h in hyps)

@@ -66,3 +66,24 @@ def test_explorer_grid_is_small_and_renders():
     assert ex.grid_size == len(rw.OFFSETS) * len(rw.PAIRS) * len(rw.METHOD_LABELS) * len(rw.FACTORS) <= 60
     png = ex.png(offset=6, pair=26, method="yarn", factor=16.0)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 60_000
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        # issue 11: rope_view failed inside torch / math on bad input
+        ({"pair": -1}, ValueError, r"pair must be an int in \[0, D/2\) = \[0, 32\), one of the D/2 frequency pairs"),
+        ({"pair": 1.5}, TypeError, r"pair must be an int in \[0, D/2\).*, got 1.5 \(float\)"),
+        ({"D": 0}, ValueError, r"D must be a positive int, got 0"),
+        ({"offset": -3}, ValueError, r"offset \(a position\) must be a non-negative int, got -3"),
+        ({"offset": 2.5}, TypeError, r"offset \(a position\) must be a non-negative int, got 2.5"),
+        ({"factor": 0.5}, ValueError, r"factor must lie in \[1.0, inf\), got 0.5"),
+        ({"factor": float("inf")}, ValueError, r"factor must lie in \[1.0, inf\), got inf"),
+        ({"L_train": 1, "factor": 1.0}, ValueError, r"L_target = factor \* L_train = 1.0 \* 1 must be >= 2"),
+        ({"n_points": 1}, ValueError, r"n_points must be an int >= 2, got 1"),
+        ({"method": None}, ValueError, r"method must be one of .*, got None"),
+    ],
+)
+def test_rope_view_rejects_bad_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        rw.rope_view(**kwargs)

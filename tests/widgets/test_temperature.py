@@ -55,3 +55,30 @@ def test_explorer_grid_and_frame():
     assert ex.grid_size == len(tw.TAUS) * len(tw.FILTERS)
     png = ex.png(tau=0.5, filter="top-p 0.9")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "spec, exc, match",
+    [
+        # issue 11: parse_filter failed with int()/float() errors or an AttributeError on bad input
+        (None, TypeError, r"filter must be a str such as 'top-p 0.9' or 'none', got NoneType"),
+        (0.9, TypeError, r"filter must be a str .*, got float"),
+        ("top-k 2.5", ValueError, r"the value of the top-k filter must be an int, got '2.5' in 'top-k 2.5'"),
+        ("top-p abc", ValueError, r"the value of the top-p filter must be a number, got 'abc'"),
+        ("top-k 0", ValueError, r"top-k's k must be a positive int, got 0"),
+        ("top-p 1.5", ValueError, r"top-p's value must lie in \(0.0, 1.0\], got 1.5"),
+        ("top-p 0", ValueError, r"top-p's value must lie in \(0.0, 1.0\], got 0.0"),
+        ("min-p nan", ValueError, r"min-p's value must be a real number, got nan"),
+        ("top-p", ValueError, r"filter must be 'none' or one of"),
+    ],
+)
+def test_parse_filter_rejects_bad_specs(spec, exc, match):
+    with pytest.raises(exc, match=match):
+        tw.parse_filter(spec)
+
+
+def test_parse_filter_round_trips_good_specs():
+    # oracle: the keywords sample() takes, written out by hand
+    assert tw.parse_filter(" top-p  0.5 ") == {"top_p": 0.5}
+    assert tw.parse_filter("min-p 0") == {"min_p": 0.0}
+    assert tw.parse_filter("top-k 7") == {"top_k": 7}

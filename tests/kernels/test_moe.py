@@ -10,6 +10,8 @@ Triton kernel could run anyway, so nothing else in the session changes behaviour
 cannot autotune and mishandles bfloat16, so those tests use explicit block sizes, tiny shapes, float32
 and float16; on a CUDA machine the same tests run the compiled kernel on the GPU, and the bfloat16
 tests at the bottom run too. The CPU error paths run in a subprocess with a clean environment.
+Every random input comes from a ``torch.Generator`` with a seed that is part of the test id (or, in
+the hypothesis tests, is computed from the drawn example hypothesis prints) and of the failure message.
 
 Tolerances: float64 ``1e-12``; float32 ``rtol = atol = 1e-5``; float16 ``rtol = atol = 1e-2``;
 bfloat16 on the GPU ``rtol = atol = 3e-2`` (relative to outputs of size ~1).
@@ -28,7 +30,7 @@ if not torch.cuda.is_available():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from llmbook.kernels import moe as moe_kernels  # noqa: E402
+from llmbook.kernels import runtime  # noqa: E402
 from llmbook.kernels.moe import (  # noqa: E402
     align_block_size,
     moe_dispatch,
@@ -43,13 +45,13 @@ TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-
        torch.float16: dict(rtol=1e-2, atol=1e-2), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 HAS_TRITON = triton_available()
 try:
-    INTERPRET, MODE = HAS_TRITON and moe_kernels._interpreting(), ""
-except RuntimeError:  # something (transformers does) imported triton before this module could set the mode
+    INTERPRET, MODE = HAS_TRITON and runtime.interpreting(), ""
+except runtime.TritonModeError:  # something (transformers does) imported triton before this module could set the mode
     INTERPRET, MODE = False, ": triton was imported before TRITON_INTERPRET=1 was set; run tests/kernels first"
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 runs_kernel = pytest.mark.skipif(not (HAS_TRITON and (INTERPRET or DEVICE == "cuda")),
                                  reason="needs triton, with CUDA or TRITON_INTERPRET=1" + MODE)
-needs_cuda = pytest.mark.skipif(not (HAS_TRITON and DEVICE == "cuda"), reason="needs CUDA and compiled Triton")
+requires_cuda = pytest.mark.skipif(not (HAS_TRITON and DEVICE == "cuda"), reason="needs CUDA and compiled Triton")
 BLOCKS = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
 
 
@@ -81,49 +83,83 @@ def oracle(x, W, ids, w):
     return torch.einsum("nk,nc,nkcd->nd", w, x, W[ids])
 
 
+def close(actual, expected, dtype, what, seed):
+    torch.testing.assert_close(actual, expected, **TOL[dtype], msg=lambda m: f"{what} (input seed {seed}): {m}")
+
+
 CASES = [("balanced", 32, 16, 16, 4, 2), ("skewed", 37, 24, 20, 5, 2), ("empty", 19, 16, 32, 6, 3),
          ("skewed", 5, 16, 16, 8, 1)]
 
 
+@pytest.mark.parametrize("seed", [0])
 @pytest.mark.parametrize("kind, N, C, D, E, K", CASES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
-def test_loop_and_grouped_torch_match_the_oracle(kind, N, C, D, E, K, dtype):
-    x, W, ids, w = case(kind, N, C, D, E, K, dtype)
+def test_loop_and_grouped_torch_match_the_oracle(kind, N, C, D, E, K, dtype, seed):
+    x, W, ids, w = case(kind, N, C, D, E, K, dtype, seed=seed)
     ref = oracle(x, W, ids, w)
     for use_grouped_mm in ([None, False, True] if dtype == torch.float32 and C % 4 == 0 and D % 4 == 0 else [None]):
         y = moe_dispatch_torch(x, W, ids, w, use_grouped_mm=use_grouped_mm)
         assert y.dtype == dtype and y.shape == (N, D)
-        torch.testing.assert_close(y.double(), ref, **TOL[dtype])
-    torch.testing.assert_close(moe_dispatch_loop(x, W, ids, w).double(), ref, **TOL[dtype])
+        close(y.double(), ref, dtype, f"grouped torch (use_grouped_mm={use_grouped_mm})", seed)
+    close(moe_dispatch_loop(x, W, ids, w).double(), ref, dtype, "loop", seed)
 
 
 @runs_kernel
+@pytest.mark.parametrize("seed", [1])
 @pytest.mark.parametrize("kind, N, C, D, E, K", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_triton_kernel_matches_the_oracle_and_the_other_backends(kind, N, C, D, E, K, dtype):
-    x, W, ids, w = case(kind, N, C, D, E, K, dtype, seed=1, device=DEVICE)
+def test_triton_kernel_matches_the_oracle_and_the_other_backends(kind, N, C, D, E, K, dtype, seed):
+    x, W, ids, w = case(kind, N, C, D, E, K, dtype, seed=seed, device=DEVICE)
     y = moe_dispatch_triton(x, W, ids, w, **BLOCKS)
     assert y.dtype == dtype and y.shape == (N, D)
-    torch.testing.assert_close(y.double(), oracle(x, W, ids, w), **TOL[dtype])
-    torch.testing.assert_close(y, moe_dispatch_torch(x, W, ids, w), **TOL[dtype])
-    torch.testing.assert_close(y, moe_dispatch_loop(x, W, ids, w), **TOL[dtype])
+    close(y.double(), oracle(x, W, ids, w), dtype, "triton vs einsum", seed)
+    close(y, moe_dispatch_torch(x, W, ids, w), dtype, "triton vs grouped torch", seed)
+    close(y, moe_dispatch_loop(x, W, ids, w), dtype, "triton vs loop", seed)
 
 
 @runs_kernel
-def test_triton_kernel_with_several_k_blocks_and_non_contiguous_weights():
+@pytest.mark.parametrize("seed", [2])
+def test_triton_kernel_with_several_k_blocks_and_non_contiguous_weights(seed):
     # C = 40 spans three BLOCK_K = 16 steps (the last one masked); W is a transposed view
-    x, W, ids, w = case("skewed", 21, 40, 24, 3, 2, torch.float32, seed=2, device=DEVICE)
+    x, W, ids, w = case("skewed", 21, 40, 24, 3, 2, torch.float32, seed=seed, device=DEVICE)
     W_t = W.transpose(1, 2).contiguous().transpose(1, 2)
     assert not W_t.is_contiguous()
-    torch.testing.assert_close(moe_dispatch_triton(x, W_t, ids, w, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16).double(),
-                               oracle(x, W, ids, w), **TOL[torch.float32])
+    close(moe_dispatch_triton(x, W_t, ids, w, BLOCK_M=16, BLOCK_N=32, BLOCK_K=16).double(), oracle(x, W, ids, w),
+          torch.float32, "triton with non-contiguous W vs einsum", seed)
 
 
-def test_auto_backend_is_torch_on_the_cpu():
-    x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.float32)
+@pytest.mark.parametrize("seed", [0])
+def test_auto_backend_is_torch_on_the_cpu(seed):
+    x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.float32, seed=seed)
     torch.testing.assert_close(moe_dispatch(x, W, ids, w), moe_dispatch_torch(x, W, ids, w), rtol=0, atol=0)
-    torch.testing.assert_close(moe_dispatch(x, W, ids, w, backend="loop").double(), oracle(x, W, ids, w),
-                               **TOL[torch.float32])
+    close(moe_dispatch(x, W, ids, w, backend="loop").double(), oracle(x, W, ids, w), torch.float32, "loop", seed)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="only the interpreter computes bfloat16 dots wrongly")
+@pytest.mark.parametrize("seed", [3])
+def test_interpreter_refuses_bfloat16(seed):
+    """Issue 11 item 9: a clear TypeError naming the dtype and the reason, not values of 1e9."""
+    x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.bfloat16, seed=seed)
+    with pytest.raises(TypeError, match=r"refuses torch.bfloat16 in Triton's CPU interpreter: .*tl.dot"):
+        moe_dispatch_triton(x, W, ids, w, **BLOCKS)
+    with pytest.raises(TypeError, match="bfloat16"):
+        moe_dispatch(x, W, ids, w, backend="triton", **BLOCKS)
+    close(moe_dispatch(x, W, ids, w).double(), oracle(x, W, ids, w), torch.bfloat16, "auto (torch)", seed)
+
+
+def test_permute_by_expert_rejects_ids_outside_the_experts():
+    """Issue 11: an id equal to E (or negative) used to be miscounted silently by bincount."""
+    for bad in ([[0, 4]], [[-1, 2]]):
+        with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, E\) = \[0, 4\)"):
+            permute_by_expert(torch.tensor(bad), 4)
+        with pytest.raises(ValueError, match=r"must lie in \[0, E\)"):
+            align_block_size(torch.tensor(bad), 4, 16)
+    with pytest.raises(TypeError, match="integer expert ids"):
+        permute_by_expert(torch.tensor([[0.0, 1.0]]), 4)
+    with pytest.raises((TypeError, ValueError), match="E"):
+        permute_by_expert(torch.tensor([[0, 1]]), 0)
+    order, counts = permute_by_expert(torch.tensor([[3, 0]]), 4)  # E - 1 is fine
+    assert order.tolist() == [1, 0] and counts.tolist() == [1, 0, 0, 1]
 
 
 def test_bad_input_is_rejected():
@@ -177,7 +213,7 @@ def test_grouped_torch_equals_the_oracle_for_any_routing(N, E, D, data):
     W = torch.randn(E, 8, D, generator=g, dtype=torch.float64)
     ids = torch.randint(0, E, (N, K), generator=g)  # duplicates allowed: they simply add up
     w = torch.rand(N, K, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(moe_dispatch_torch(x, W, ids, w), oracle(x, W, ids, w), **TOL[torch.float64])
+    close(moe_dispatch_torch(x, W, ids, w), oracle(x, W, ids, w), torch.float64, "grouped torch", N + 7 * E + 13 * K)
 
 
 CLEAN_PROCESS = """
@@ -185,24 +221,38 @@ import sys
 sys.modules["triton"] = None  # as if triton were not installed
 import torch
 import llmbook
+import llmbook.kernels.flash_attention as fa
 import llmbook.kernels.moe as m
+from llmbook.kernels import runtime
 from llmbook.registry import load_all
 load_all()  # imports every kernel module
-x, W, ids, w = torch.ones(2, 4), torch.ones(1, 4, 4), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1)
-assert not m.triton_available() and m.moe_dispatch(x, W, ids, w).sum().item() == 32.0
+x, W, ids, w = torch.ones(2, 16), torch.ones(1, 16, 16), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1)
+q = torch.ones(1, 4, 16)
+assert not m.triton_available() and m.moe_dispatch(x, W, ids, w).sum().item() == 512.0
+assert fa.flash_attention(q, q, q).shape == q.shape
 assert not any(name.startswith("triton") for name in sys.modules if sys.modules[name] is not None)
-try:
-    m.moe_dispatch(x, W, ids, w, backend="triton")
-    raise AssertionError("no error without triton")
-except RuntimeError as err:
-    assert "needs the triton package" in str(err), err
+calls = {"moe_dispatch": lambda: m.moe_dispatch(x, W, ids, w, backend="triton"),
+         "flash_attention": lambda: fa.flash_attention(q, q, q, backend="triton")}
+
+
+def error(call):
+    try:
+        call()
+    except Exception as err:
+        return err
+    raise AssertionError("no error")
+
+
+for op, call in calls.items():  # the same failure, the same exception and message, in both kernels
+    err = error(call)
+    assert type(err) is runtime.TritonUnavailableError and isinstance(err, ImportError), repr(err)
+    assert str(err).startswith(f"the Triton backend of {op} needs the optional dependency triton"), err
 del sys.modules["triton"]  # now triton imports, compiled (no TRITON_INTERPRET), and CPU tensors are refused
 if m.triton_available() and not torch.cuda.is_available():
-    try:
-        m.moe_dispatch(x, W, ids, w, backend="triton")
-        raise AssertionError("no error for CPU tensors")
-    except RuntimeError as err:
-        assert "needs CUDA tensors" in str(err), err
+    for op, call in calls.items():
+        err = error(call)
+        assert type(err) is ValueError, repr(err)
+        assert str(err).startswith(f"the Triton backend of {op} needs CUDA tensors, got device cpu"), err
 print("ok")
 """
 
@@ -211,23 +261,48 @@ def test_import_needs_neither_triton_nor_a_gpu_and_errors_are_clear():
     code = CLEAN_PROCESS
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="compares with triton's own parse of the variable")
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "on", "y", "0", "false", "no", "off", "", "2", " 1"])
+def test_interpret_variable_is_parsed_as_triton_parses_it(monkeypatch, value):
+    import triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert runtime.interpret_requested() == triton.knobs.runtime.interpret, f"TRITON_INTERPRET={value!r}"
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs triton imported in the interpreter mode")
+def test_changing_the_interpreter_variable_after_import_is_the_same_error_in_both_kernels(monkeypatch):
+    import llmbook.kernels.flash_attention as fa
+
+    x, W, ids, w = case("balanced", 8, 16, 16, 4, 2, torch.float32)
+    q = torch.zeros(1, 4, 16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    messages = []
+    for call in (lambda: moe_dispatch_triton(x, W, ids, w, **BLOCKS), lambda: fa.flash_attention_triton(q, q, q)):
+        with pytest.raises(runtime.TritonModeError, match="TRITON_INTERPRET changed after triton was imported") as err:
+            call()
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
 
 
 # ================================================================= on a GPU: the compiled kernel, bfloat16
 
 
-@needs_cuda
+@requires_cuda
+@pytest.mark.parametrize("seed", [0])
 @pytest.mark.parametrize("kind, N, C, D, E, K", [("balanced", 256, 128, 256, 8, 2), ("skewed", 1000, 256, 128, 16, 2),
                                                   ("empty", 333, 64, 64, 8, 4)])
-def test_gpu_bf16_triton_and_grouped_torch_match_the_loop(kind, N, C, D, E, K):
-    x, W, ids, w = case(kind, N, C, D, E, K, torch.bfloat16, device="cuda")
+def test_gpu_bf16_triton_and_grouped_torch_match_the_loop(kind, N, C, D, E, K, seed):
+    x, W, ids, w = case(kind, N, C, D, E, K, torch.bfloat16, seed=seed, device="cuda")
     ref = oracle(x, W, ids, w)
     y_loop = moe_dispatch_loop(x, W, ids, w)
     y_torch = moe_dispatch_torch(x, W, ids, w)
     y_triton = moe_dispatch(x, W, ids, w)  # auto: Triton on CUDA
-    for y in (y_loop, y_torch, y_triton):
+    for name, y in (("loop", y_loop), ("torch", y_torch), ("triton", y_triton)):
         assert y.dtype == torch.bfloat16
-        torch.testing.assert_close(y.double(), ref, **TOL[torch.bfloat16])
-    torch.testing.assert_close(y_triton, y_loop, **TOL[torch.bfloat16])
-    torch.testing.assert_close(y_torch, y_loop, **TOL[torch.bfloat16])
+        close(y.double(), ref, torch.bfloat16, f"{name} vs einsum", seed)
+    close(y_triton, y_loop, torch.bfloat16, "triton vs loop", seed)
+    close(y_torch, y_loop, torch.bfloat16, "torch vs loop", seed)

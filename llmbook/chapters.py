@@ -1,0 +1,132 @@
+"""The chapter manifest: which part, notebook and modules make each of the book's 43 chapters.
+
+A chapter is the unit of the book. It owns
+
+* a **part** (``lm`` for Part I, ``rag`` for Part II, ``agents`` for Part III), which is also the
+  sub-package its modules live in (the kernels of a chapter live in ``llmbook.kernels``);
+* a **notebook** in ``book/`` (``None`` until the chapter is written);
+* its **modules**: the only modules allowed to register the chapter's equation ids with
+  :func:`llmbook.registry.implements`. Tests of those ids live in the mirrored test files
+  (``llmbook/lm/attention.py`` -> ``tests/lm/test_attention.py``).
+
+The registry enforces the second and third points at import time and in ``tests/test_registry.py``;
+``python -m llmbook chapters`` prints this table. Adding a chapter means adding its notebook and
+modules here first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+__all__ = ["Chapter", "CHAPTERS", "SHARED_MODULES", "chapter", "chapter_of_module", "mirrored_test_path"]
+
+PARTS = {"lm": "Part I. Language models", "rag": "Part II. Retrieval-augmented generation",
+         "agents": "Part III. Agents and reinforcement learning"}
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """One row of the manifest."""
+
+    number: int
+    part: str
+    notebook: str | None
+    modules: tuple[str, ...] = ()
+
+    @property
+    def written(self) -> bool:
+        """True once the chapter has a notebook."""
+        return self.notebook is not None
+
+    def test_paths(self) -> tuple[str, ...]:
+        """The test files that may mark this chapter's equation ids (one per owning module)."""
+        return tuple(mirrored_test_path(m) for m in self.modules)
+
+
+def _part(number: int) -> str:
+    return "lm" if number <= 19 else "rag" if number <= 31 else "agents"
+
+
+_WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
+    1: ("book/01-probability.ipynb", ("llmbook.lm.probability", "llmbook.lm.ngram")),
+    2: ("book/02-blocks.ipynb", ("llmbook.lm.embeddings", "llmbook.lm.blocks", "llmbook.lm.init", "llmbook.lm.gpt",
+                                 "llmbook.lm.checkpoints")),
+    3: ("book/03-attention.ipynb", ("llmbook.lm.attention", "llmbook.lm.efficient_attention",
+                                    "llmbook.lm.local_attention", "llmbook.lm.flash",
+                                    "llmbook.kernels.flash_attention", "llmbook.kernels.flash_attention_kernels")),
+    4: ("book/04-positions.ipynb", ("llmbook.lm.positions", "llmbook.lm.rope", "llmbook.lm.position_bias",
+                                    "llmbook.lm.context_extension")),
+    5: ("book/05-normalization.ipynb", ("llmbook.lm.norms",)),
+    6: ("book/06-activations.ipynb", ("llmbook.lm.activations",)),
+    7: ("book/07-losses.ipynb", ("llmbook.lm.losses", "llmbook.lm.contrastive", "llmbook.lm.objectives",
+                                 "llmbook.lm.distillation")),
+    8: ("book/08-optimization.ipynb", ("llmbook.lm.optim", "llmbook.lm.adafactor", "llmbook.lm.schedules",
+                                       "llmbook.lm.training", "llmbook.lm.memory")),
+    9: ("book/09-decoding.ipynb", ("llmbook.lm.decoding", "llmbook.lm.search")),
+    14: ("book/14-moe.ipynb", ("llmbook.lm.moe", "llmbook.lm.moe_layer", "llmbook.kernels.moe",
+                               "llmbook.kernels.moe_kernels")),
+}
+
+# Modules that serve several chapters and register no equation (the Triton runtime of both kernels).
+SHARED_MODULES = ("llmbook.kernels.runtime",)
+
+CHAPTERS: dict[int, Chapter] = {
+    n: Chapter(n, _part(n), *_WRITTEN.get(n, (None, ()))) for n in range(1, 44)
+}
+
+
+def chapter(number: int) -> Chapter:
+    """The manifest row of chapter ``number`` (1..43).
+
+    >>> chapter(3).notebook
+    'book/03-attention.ipynb'
+    >>> chapter(44)
+    Traceback (most recent call last):
+    ...
+    ValueError: chapter must be one of 1..43, got 44
+    """
+    if isinstance(number, bool) or not isinstance(number, int) or number not in CHAPTERS:
+        raise ValueError(f"chapter must be one of 1..{len(CHAPTERS)}, got {number!r}")
+    return CHAPTERS[number]
+
+
+def chapter_of_module(module: str) -> Chapter | None:
+    """The chapter that owns ``module`` (a dotted name), or None for shared infrastructure.
+
+    >>> chapter_of_module("llmbook.lm.attention").number
+    3
+    >>> chapter_of_module("llmbook.plotting") is None
+    True
+    """
+    for ch in CHAPTERS.values():
+        if module in ch.modules:
+            return ch
+    return None
+
+
+def mirrored_test_path(module: str) -> str:
+    """``llmbook.lm.attention`` -> ``tests/lm/test_attention.py`` (the house's mirrored layout).
+
+    >>> mirrored_test_path("llmbook.kernels.moe")
+    'tests/kernels/test_moe.py'
+    """
+    parts = module.split(".")
+    if parts[0] != "llmbook" or len(parts) < 2:
+        raise ValueError(f"module {module!r} is not inside the llmbook package")
+    return str(PurePosixPath("tests", *parts[1:-1], f"test_{parts[-1]}.py"))
+
+
+def _validate() -> None:
+    """Each module has one owner and lives in its chapter's part (or in kernels)."""
+    owners: dict[str, int] = {}
+    for ch in CHAPTERS.values():
+        for m in ch.modules:
+            if m in owners:
+                raise ValueError(f"module {m} is owned by chapters {owners[m]} and {ch.number}")
+            owners[m] = ch.number
+            if m.split(".")[1] not in (ch.part, "kernels"):
+                raise ValueError(f"module {m} of chapter {ch.number} must live in llmbook.{ch.part} or llmbook.kernels")
+
+
+_validate()

@@ -1,0 +1,40 @@
+"""The book's notebooks as stored: clean outputs that the site can render as they are."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from llmbook.coverage import book_notebooks
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = book_notebooks(ROOT)
+# a progress bar ("12/48 [00:01<00:03, 3.07it/s]") or a timing ("in 1.3 s", "12.5 ms", "0:00:03")
+VOLATILE = re.compile(r"\d+(?:\.\d+)?\s?(?:it/s|s/it)|\[\d\d:\d\d<|\b\d+(?:\.\d+)?\s?(?:ms|µs|us|ns)\b"
+                      r"|\bin \d+(?:\.\d+)? ?s\b|\b\d+:\d\d:\d\d\b")
+
+
+def _outputs(nb: Path):
+    for i, cell in enumerate(json.loads(nb.read_text(encoding="utf-8"))["cells"]):
+        for out in cell.get("outputs", []):
+            yield i, out
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_outputs_have_no_stderr_progress_bars_or_timings(nb):
+    for i, out in _outputs(nb):
+        assert not (out["output_type"] == "stream" and out["name"] == "stderr"), \
+            f"{nb.name} cell {i} stores stderr: {''.join(out['text'])[:120]!r} (run `make notebooks`)"
+        text = "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+        m = VOLATILE.search(text)
+        assert not m, f"{nb.name} cell {i} stores a timing or progress bar: {m.group(0)!r}"
+        assert out["output_type"] != "error", f"{nb.name} cell {i} stores an error"
+
+
+def test_the_volatile_pattern_catches_what_it_should():
+    for text in ["precomputing:  2%|▏ | 1/48 [00:00<00:15,  3.07it/s]", "executed in 1.3 s", "took 12.5 ms",
+                 "0:00:03 elapsed"]:
+        assert VOLATILE.search(text), text
+    for text in ["max abs diff 3e-07", "T = 512: ratio 0.91", "d_k = 64 s.t. Var = 64", "L = 3 layers"]:
+        assert not VOLATILE.search(text), text
