@@ -1,7 +1,9 @@
-"""Printed checks for the chapters: one line saying what matched what, and to which tolerance.
+"""Printed checks for the chapters: one line saying what matched what, how closely, and to which tolerance.
 
-The line names the tolerance, not the measured difference, so the output is the same on every
-machine (nbval compares it strictly); a failed check raises, so a broken chapter cannot build.
+The line shows the measured difference rounded to one significant digit (``3e-07``), beside the
+tolerance, so the reader sees the real error while the output stays stable from run to run (nbval
+compares it strictly, and the notebooks are recorded on one pinned CPU build); a failed check
+raises, so a broken chapter cannot build.
 """
 
 from __future__ import annotations
@@ -18,11 +20,21 @@ def _np(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _one_digit(d: float) -> str:
+    """A non-negative difference rounded to one significant digit: ``0``, ``3e-07``, ``0.02``, ``4``."""
+    return "0" if d == 0 else f"{float(f'{d:.0e}'):g}"
+
+
 def check_close(what: str, ours, reference, *, atol: float = 1e-6, rtol: float = 0.0) -> None:
-    """Print ``matches <what> (max abs diff < atol)`` or raise ``AssertionError`` with the numbers.
+    """Print ``✓ matches <what> (max abs diff <d>, tolerance <tol>)`` or raise ``AssertionError``.
+
+    ``d`` is the largest absolute difference, rounded to one significant digit; infinities of the same
+    sign count as equal.
 
     >>> check_close("numpy.exp", torch.tensor([1.0]).exp(), np.exp([1.0]))
-    ✓ matches numpy.exp (max abs diff < 1e-06)
+    ✓ matches numpy.exp (max abs diff 8e-08, tolerance 1e-06)
+    >>> check_close("itself", torch.ones(2), torch.ones(2), atol=0)
+    ✓ matches itself (exactly equal)
     """
     a, b = _np(ours), _np(reference)
     if a.shape != b.shape:
@@ -31,15 +43,15 @@ def check_close(what: str, ours, reference, *, atol: float = 1e-6, rtol: float =
     finite_a, finite_b = np.where(same_inf, 0.0, a), np.where(same_inf, 0.0, b)  # -inf == -inf counts as equal
     diff = np.abs(finite_a - finite_b)
     bound = atol + rtol * np.abs(finite_b)
+    worst = float(np.nanmax(diff)) if diff.size else 0.0
     if np.isnan(diff).any() or not np.all(diff <= bound):
-        raise AssertionError(f"differs from {what}: max abs diff {np.nanmax(diff):.3g} > tolerance")
+        raise AssertionError(f"differs from {what}: max abs diff {worst:.3g} > tolerance "
+                             f"(atol {atol:g}, rtol {rtol:g})")
     if atol == 0 and rtol == 0:
-        tol = "exactly equal"
-    elif rtol == 0:
-        tol = f"max abs diff < {atol:g}"
-    else:
-        tol = f"within atol {atol:g}, rtol {rtol:g}"
-    print(f"✓ matches {what} ({tol})")
+        print(f"✓ matches {what} (exactly equal)")
+        return
+    tol = f"{atol:g}" if rtol == 0 else f"atol {atol:g} + rtol {rtol:g}·|ref|"
+    print(f"✓ matches {what} (max abs diff {_one_digit(worst)}, tolerance {tol})")
 
 
 def check_claim(claim: str, holds: bool, evidence: str) -> None:

@@ -342,9 +342,8 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
 
-    def forward(self, x: Float[Tensor, "B T C"], context: Float[Tensor, "B S C"] | None = None,
-                mask: Tensor | None = None, is_causal: bool = False, rope=None,
-                causal_alignment: str = "bottom_right") -> Float[Tensor, "B T C"]:
+    def _qkv(self, x: Tensor, context: Tensor | None, rope) -> tuple[Tensor, Tensor, Tensor]:
+        """Validated inputs -> per-head ``q (B, H, T, D)``, ``k, v (B, H_kv, S, D)``, RoPE applied."""
         x = check_module_input(self, x, d=self.d_model, ndim=3, contract="(B, T, d_model)")
         src = x if context is None else context
         if context is not None:
@@ -366,6 +365,30 @@ class MultiHeadAttention(nn.Module):
                                  f"(B, T, D) = ({B}, {T}, {self.head_dim}), got {tuple(cos.shape)} and "
                                  f"{tuple(sin.shape)}")
             q, k = apply_rope(q, cos, sin, self.rope_layout), apply_rope(k, cos, sin, self.rope_layout)
+        return q, k, v
+
+    def attention_weights(self, x: Float[Tensor, "B T C"], context: Float[Tensor, "B S C"] | None = None,
+                          mask: Tensor | None = None, is_causal: bool = False, rope=None,
+                          causal_alignment: str = "bottom_right") -> Float[Tensor, "B H T S"]:
+        """The attention weights :math:`A = \\mathrm{softmax}(QK^\\top/\\sqrt{D})` that :meth:`forward` uses.
+
+        Same arguments as :meth:`forward`; returns ``(B, H, T, S)`` (no dropout), for looking inside a model.
+
+        >>> mha = MultiHeadAttention(8, n_heads=2)
+        >>> mha.attention_weights(torch.zeros(1, 3, 8), is_causal=True)[0, 0]
+        tensor([[1.0000, 0.0000, 0.0000],
+                [0.5000, 0.5000, 0.0000],
+                [0.3333, 0.3333, 0.3333]], grad_fn=<SelectBackward0>)
+        """
+        q, k, v = self._qkv(x, context, rope)
+        _, w = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=True,
+                                            causal_alignment=causal_alignment)
+        return w
+
+    def forward(self, x: Float[Tensor, "B T C"], context: Float[Tensor, "B S C"] | None = None,
+                mask: Tensor | None = None, is_causal: bool = False, rope=None,
+                causal_alignment: str = "bottom_right") -> Float[Tensor, "B T C"]:
+        q, k, v = self._qkv(x, context, rope)
         o = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
                                          dropout_p=self.dropout if self.training else 0.0,
                                          causal_alignment=causal_alignment)

@@ -192,6 +192,33 @@ class TinyGPT(nn.Module):
             h = block(h, is_causal=True, rope=(cos, sin))
         return self.norm(h)
 
+    @torch.no_grad()
+    def attention_maps(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
+                       ) -> Float[Tensor, "L B H T T"]:
+        """The causal attention weights of every layer and head on ``ids``: ``(L, B, H, T, T)``.
+
+        Runs the same computation as :meth:`forward` and asks each block's attention for its weights
+        (:meth:`llmbook.lm.attention.MultiHeadAttention.attention_weights`), for looking at what the
+        heads of a trained model attend to. Rows sum to one; entries above the diagonal are zero.
+
+        >>> TinyGPT(GPTConfig(vocab_size=10, d_model=16, n_layers=2, n_heads=2)).attention_maps(
+        ...     torch.tensor([[1, 2, 3]])).shape
+        torch.Size([2, 1, 2, 3, 3])
+        """
+        cfg = self.config
+        ids = check_token_ids(ids, cfg.vocab_size)
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
+        T = ids.shape[1]
+        positions = torch.arange(T, device=ids.device) if positions is None else positions
+        h = self.embed(ids)
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, base=cfg.rope_theta, dtype=h.dtype)
+        maps = []
+        for block in self.blocks:
+            maps.append(block.attn.attention_weights(block.norm1(h), is_causal=True, rope=(cos, sin)))
+            h = block(h, is_causal=True, rope=(cos, sin))
+        return torch.stack(maps)
+
     def forward(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
                 ) -> Float[Tensor, "B T V"]:
         return self.head(self.hidden_states(ids, positions))

@@ -277,3 +277,27 @@ def test_default_config_is_plain_multi_head_attention():
     assert attn.n_kv_heads == attn.n_heads == 4 and attn.k_proj.weight.shape == (32, 32)
     # V C (tied embedding) + L (4 C^2 attention + 3 C d_ff SwiGLU + 2 C norms) + C final norm
     assert model.num_parameters() == 64 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 88 + 2 * 32) + 32
+
+
+def test_attention_maps_are_the_weights_that_transformers_llama_computes():
+    """Oracle: LlamaForCausalLM(output_attentions=True, eager attention) with the same weights.
+
+    Tolerance 1e-6: both run in float64, but Llama forms its RoPE tables from float32 frequencies.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      rms_norm_eps=1e-6, tie_word_embeddings=True, attn_implementation="eager")
+    llama = LlamaForCausalLM(cfg).double().eval()
+    ours = TinyGPT.from_llama(llama).double()
+    ids = torch.randint(0, 40, (2, 9))
+    maps = ours.attention_maps(ids)
+    with torch.no_grad():
+        ref = llama(ids, output_attentions=True).attentions
+    assert maps.shape == (2, 2, 4, 9, 9)
+    for l in range(2):
+        torch.testing.assert_close(maps[l], ref[l], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="ids must have shape"):
+        ours.attention_maps(torch.tensor([1, 2]))
