@@ -61,3 +61,32 @@ def setup_notebook(seed: int = 0) -> None:
             ip.run_line_magic("config", "InlineBackend.figure_formats = ['png']")
     except ImportError:  # pragma: no cover
         pass
+
+
+def show_source(obj, *, start: str | None = None, end: str | None = None):
+    """The source of ``obj`` from the installed package, as a highlighted code block in a notebook.
+
+    Generated from the code itself, so the page cannot drift from the implementation. ``start`` and
+    ``end`` cut it to the lines from the first one containing ``start`` to the first later one containing
+    ``end`` (inclusive), to show an inner loop rather than a whole function.
+
+    >>> print(show_source(seed_everything, start="random.seed", end="np.random").data)
+        random.seed(seed)
+        np.random.seed(seed)
+    """
+    import inspect
+
+    lines = inspect.getsource(obj).splitlines()
+    if start is not None:
+        first = next((i for i, line in enumerate(lines) if start in line), None)
+        if first is None:
+            raise ValueError(f"no line of {getattr(obj, '__qualname__', obj)!r} contains {start!r}")
+        lines = lines[first:]
+    if end is not None:
+        last = next((i for i, line in enumerate(lines) if end in line), None)
+        if last is None:
+            raise ValueError(f"no line of {getattr(obj, '__qualname__', obj)!r} after {start!r} contains {end!r}")
+        lines = lines[:last + 1]
+    from IPython.display import Code
+
+    return Code("\n".join(lines), language="python")
