@@ -286,6 +286,11 @@ class Coverage:
 
 
 def coverage(root: Path | None = None) -> Coverage:
+    """Implemented (the registry), tested (``tests/``) and shown (``book/``) for every id, read from ``root``.
+
+    ``root`` defaults to the source checkout holding the package; without one (an installed package)
+    ``tested`` and ``shown`` are None.
+    """
     impls = registry.implementations()
     root = root if root is not None else registry.repo_root()
     tested = scan_tests(root) if root else None

@@ -69,3 +69,19 @@ def test_a_failed_rerun_removes_an_old_proof(tmp_path):
         plugin.pytest_runtest_logreport(_report("book/01-a.ipynb::Cell 0", failed=failed))
         plugin.pytest_sessionfinish(None)
         assert freshness.is_proven(root / "book" / "01-a.ipynb", root) is (not failed)
+
+
+def test_a_notebook_over_the_budget_fails_the_run(tmp_path, monkeypatch):
+    root = _tree(tmp_path)
+    plugin = freshness.NbvalProofPlugin(root)
+    plugin.pytest_sessionstart(None)
+    plugin.pytest_runtest_logreport(_report("book/01-a.ipynb::Cell 0", duration=12.0))
+    plugin.pytest_runtest_logreport(_report("book/02-b.ipynb::Cell 0", duration=3.0))
+    session = SimpleNamespace(exitstatus=0)
+    monkeypatch.setenv("LLMBOOK_NOTEBOOK_BUDGET_S", "10")
+    assert plugin.over_budget() == ["book/01-a.ipynb"]
+    plugin.pytest_sessionfinish(session)
+    assert session.exitstatus == 1
+    assert freshness.is_proven(root / "book" / "01-a.ipynb", root)  # its outputs are still proven current
+    monkeypatch.delenv("LLMBOOK_NOTEBOOK_BUDGET_S")
+    assert plugin.over_budget() == [] and freshness.budget_s() == freshness.BUDGET_S

@@ -42,7 +42,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from llmbook.kernels import runtime
-from llmbook.kernels.runtime import triton_available
+from llmbook.kernels.runtime import triton_available  # noqa: F401  (kept importable here; documented in runtime)
 from llmbook.lm.attention import attention_scale
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "flash_attention_forward",
     "FlashAttentionFunction",
     "length_bucket",
-    "triton_available",
 ]
 
 LOG2E = math.log2(math.e)
@@ -280,14 +279,14 @@ def flash_attention_forward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H
                             v: Float[Tensor, "B H_kv T_k D"], causal: bool = False, scale: float | None = None, *,
                             block_m: int | None = None, block_n: int | None = None
                             ) -> tuple[Float[Tensor, "B H T_q D"], Float[Tensor, "B H T_q"]]:
-    r"""Forward kernel: :math:`O = \mathrm{softmax}(S)V`, :math:`L_i = \log\sum_j e^{S_{ij}}`, :math:`S = QK^\top\tau`.
+    r"""Forward: :math:`O = \mathrm{softmax}(S)V`, :math:`L_i = \log\sum_j e^{S_{ij}}`, :math:`S = QK^\top/\sqrt{D}`.
 
     Runs the online softmax :math:`m_i=\max(m_i^{old},m_i^{block})`,
     :math:`l_i=e^{m_i^{old}-m_i}l_i^{old}+e^{m_i^{block}-m_i}l_i^{block}` over key tiles of ``block_n``
     rows for each tile of ``block_m`` queries, and returns ``(o, lse)`` with ``lse`` in float32 (natural
     log, :math:`-\infty` for a query that sees no key). No gradient flows through this function.
 
-    Symbols: :math:`Q, K, V` are ``q, k, v``, :math:`\tau` is ``scale`` (default :math:`1/\sqrt{D}`),
+    Symbols: :math:`Q, K, V` are ``q, k, v``, ``scale`` replaces :math:`1/\sqrt{D}` when given,
     :math:`L` is ``lse``. ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``, ``k, v`` are
     ``(B, H_kv, T_k, D)`` or ``(B, T_k, D)`` with ``H_kv`` dividing ``H`` and ``D <= 128``; float16,
     bfloat16 (not in the interpreter) or float32. ``block_m``/``block_n`` are powers of two >= 16; when
@@ -311,12 +310,12 @@ def flash_attention_forward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H
 def flash_attention_triton(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k D"],
                            v: Float[Tensor, "B H_kv T_k D"], causal: bool = False, scale: float | None = None, *,
                            block_m: int | None = None, block_n: int | None = None) -> Float[Tensor, "B H T_q D"]:
-    r"""Differentiable FlashAttention-2 in Triton: :math:`O = \mathrm{softmax}(QK^\top\tau + M)V`.
+    r"""Differentiable FlashAttention-2 in Triton: :math:`O = \mathrm{softmax}(QK^\top/\sqrt{D} + M)V`.
 
     The forward pass is :func:`flash_attention_forward`; the backward pass recomputes
     :math:`P_{ij} = e^{S_{ij} - L_i}` per tile and uses :math:`\Delta_i = \sum_d O_{id}\,dO_{id}`:
-    :math:`dV = P^\top dO`, :math:`dS = P\odot(dO\,V^\top - \Delta)`, :math:`dQ = \tau\,dS\,K`,
-    :math:`dK = \tau\,dS^\top Q` (summed over the query heads that share a key/value head).
+    :math:`dV = P^\top dO`, :math:`dS = P\odot(dO\,V^\top - \Delta)`, :math:`dQ = dS\,K/\sqrt{D}`,
+    :math:`dK = dS^\top Q/\sqrt{D}` (summed over the query heads that share a key/value head).
 
     Shapes, ``causal`` (mask :math:`M_{ij} = -\infty` for :math:`j > i + T_k - T_q`), ``scale`` and the
     block sizes are as in :func:`flash_attention_forward`. Returns ``o`` with the shape and dtype of ``q``.
@@ -337,7 +336,7 @@ def flash_attention_triton(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_
 def flash_attention(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k D"], v: Float[Tensor, "B H_kv T_k D"],
                     causal: bool = False, scale: float | None = None, backend: str = "auto", *,
                     block_m: int | None = None, block_n: int | None = None) -> Float[Tensor, "B H T_q D"]:
-    r"""Exact attention :math:`\mathrm{softmax}(QK^\top\tau + M)V` without a :math:`T_q\times T_k` matrix.
+    r"""Exact attention :math:`\mathrm{softmax}(QK^\top/\sqrt{D} + M)V` without a :math:`T_q\times T_k` matrix.
 
     ``backend="auto"`` runs the Triton kernel (:func:`flash_attention_triton`) for CUDA tensors that it
     supports (Triton installed, float16/bfloat16/float32, ``D <= 128``), and the tiled PyTorch version
@@ -348,7 +347,7 @@ def flash_attention(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k 
     interpreter), any positive int for PyTorch (default 64; ``"auto"`` takes PyTorch for other sizes).
     Differentiable with either backend.
 
-    Symbols: :math:`Q, K, V` are ``q, k, v``, :math:`\tau` is ``scale`` (default :math:`1/\sqrt{D}`),
+    Symbols: :math:`Q, K, V` are ``q, k, v``, ``scale`` replaces :math:`1/\sqrt{D}` when given,
     :math:`M_{ij} = -\infty` where ``causal`` hides key ``j`` from query ``i`` (``j > i + T_k - T_q``),
     else 0. ``q`` is ``(B, H, T_q, D)`` or ``(B, T_q, D)``; ``k, v`` are ``(B, H_kv, T_k, D)``
     (``H_kv`` divides ``H``) or ``(B, T_k, D)``. The result has the shape and dtype of ``q``.

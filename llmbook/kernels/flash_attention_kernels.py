@@ -3,8 +3,8 @@ r"""The Triton kernels of :mod:`llmbook.kernels.flash_attention`, and their auto
 This module imports Triton when it is imported, so :mod:`llmbook.kernels.flash_attention` imports it
 on first use only (:func:`llmbook.kernels.runtime.load_kernels`). The kernels are ``@triton.jit``
 functions, as in Triton's fused-attention tutorial: the forward and the dQ kernels share the key-tile
-loop's pieces (:func:`_kv_bounds`, :func:`_kv_scores`) and each runs it twice through its inner helper
-(:func:`_attn_fwd_inner`, :func:`_attn_dq_inner`): once over the key tiles every query of the tile
+loop's pieces (``_kv_bounds``, ``_kv_scores``) and each runs it twice through its inner helper
+(``_attn_fwd_inner``, ``_attn_dq_inner``): once over the key tiles every query of the tile
 sees in full, without masks, and once over the diagonal and the ragged tail, with them.
 
 ``KERNELS`` holds the kernels launched with explicit block sizes, ``TUNED`` the autotuned ones. The

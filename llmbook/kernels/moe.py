@@ -31,7 +31,7 @@ from torch import Tensor
 
 from llmbook._checks import check_positive_int
 from llmbook.kernels import runtime
-from llmbook.kernels.runtime import triton_available
+from llmbook.kernels.runtime import triton_available  # noqa: F401  (kept importable here; documented in runtime)
 
 __all__ = [
     "moe_dispatch",
@@ -40,7 +40,6 @@ __all__ = [
     "moe_dispatch_triton",
     "permute_by_expert",
     "align_block_size",
-    "triton_available",
     "has_grouped_mm",
 ]
 

@@ -245,14 +245,14 @@ def scaled_dot_product_attention(
     q, k, v, squeeze = check_attention_inputs(q, k, v)
     B, H, T_q, D = q.shape
     H_kv, T_k = k.shape[1], k.shape[2]
-    tau = attention_scale(scale, D)
+    scale = attention_scale(scale, D)
     check_range(dropout_p, "dropout_p", 0.0, 1.0, high_open=True)
     _check_alignment(causal_alignment)
     G = H // H_kv  # query heads per key/value head
     dtype = q.dtype
     q, k, v = upcast_half(q), upcast_half(k), upcast_half(v)
     # (B, H_kv, G, T_q, D) @ (B, H_kv, 1, D, T_k): each group shares its key head, no copy
-    scores = (q.view(B, H_kv, G, T_q, D) @ k.unsqueeze(2).transpose(-1, -2) * tau).view(B, H, T_q, T_k)
+    scores = (q.view(B, H_kv, G, T_q, D) @ k.unsqueeze(2).transpose(-1, -2) * scale).view(B, H, T_q, T_k)
     allowed = None
     if mask is not None:
         m = _mask_tensor(mask, (B, H, T_q, T_k), squeeze)
@@ -370,9 +370,9 @@ class MultiHeadAttention(nn.Module):
     def attention_weights(self, x: Float[Tensor, "B T C"], context: Float[Tensor, "B S C"] | None = None,
                           mask: Tensor | None = None, is_causal: bool = False, rope=None,
                           causal_alignment: str = "bottom_right") -> Float[Tensor, "B H T S"]:
-        """The attention weights :math:`A = \\mathrm{softmax}(QK^\\top/\\sqrt{D})` that :meth:`forward` uses.
+        """The attention weights :math:`A = \\mathrm{softmax}(QK^\\top/\\sqrt{D})` that ``forward`` uses.
 
-        Same arguments as :meth:`forward`; returns ``(B, H, T, S)`` (no dropout), for looking inside a model.
+        Same arguments as ``forward``; returns ``(B, H, T, S)`` (no dropout), for looking inside a model.
 
         >>> mha = MultiHeadAttention(8, n_heads=2)
         >>> mha.attention_weights(torch.zeros(1, 3, 8), is_causal=True)[0, 0]

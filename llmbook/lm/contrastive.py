@@ -4,7 +4,7 @@ They take embeddings, batch-first: ``(B, D)`` rows of width ``D``. InfoNCE and N
 cross-entropies over *similarity logits*: each query must pick its positive out of a row of candidates,
 so they reuse :func:`llmbook.lm.probability.cross_entropy_loss` on logits built here. The triplet loss
 compares two distances with a margin. ``reduction`` is ``"mean"``, ``"sum"`` or ``"none"``; fp16 and
-bf16 inputs are computed in float32 (:mod:`llmbook._precision`).
+bf16 inputs are computed in float32 (``llmbook._precision``).
 """
 
 from __future__ import annotations

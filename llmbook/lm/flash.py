@@ -54,7 +54,7 @@ def naive_attention(
 ) -> tuple[Float[Tensor, "B *H T_q D_v"], Float[Tensor, "B *H T_q"]]:
     r"""Reference attention that materialises the full score matrix; returns ``(o, lse)``.
 
-    .. math:: S = \tau QK^\top, \quad L_i = \log\sum_j e^{S_{ij}}, \quad O = e^{S - L}V
+    .. math:: S = QK^\top/\sqrt{d_k}, \quad L_i = \log\sum_j e^{S_{ij}}, \quad O = e^{S - L}V
 
     Memory :math:`O(T_q T_k)` per head: what the tiled version avoids.
 
@@ -62,8 +62,8 @@ def naive_attention(
     >>> round(lse[0, 0].item(), 4)  # log 3: three equal scores of 0
     1.0986
     """
-    q4, k4, v4, squeeze, tau, acc = _prepare(q, k, v, scale)
-    s = (q4.to(acc) @ k4.to(acc).transpose(-1, -2)) * tau
+    q4, k4, v4, squeeze, scale, acc = _prepare(q, k, v, scale)
+    s = (q4.to(acc) @ k4.to(acc).transpose(-1, -2)) * scale
     if causal:
         s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), NEG_INF)
     lse = torch.logsumexp(s, dim=-1)
@@ -118,7 +118,7 @@ def tiled_attention_forward(
 ) -> tuple[Float[Tensor, "B *H T_q D_v"], Float[Tensor, "B *H T_q"]]:
     r"""FlashAttention forward: tiles of queries against tiles of keys with an online softmax.
 
-    For each query tile, over key tiles :math:`j` with scores :math:`S^{(j)} = \tau Q_i K_j^\top`:
+    For each query tile, over key tiles :math:`j` with scores :math:`S^{(j)} = Q_i K_j^\top/\sqrt{d_k}`:
 
     .. math:: m_i^{new} = \max(m_i, \mathrm{rowmax}\, S^{(j)}), \quad
         l_i \leftarrow e^{m_i - m_i^{new}} l_i + \mathrm{rowsum}\, e^{S^{(j)} - m_i^{new}}, \quad
@@ -126,16 +126,16 @@ def tiled_attention_forward(
 
     and at the end :math:`o_i = \tilde o_i / l_i`, :math:`L_i = m_i + \log l_i`. This is the online
     softmax update of the catalogue (03.13, 03.14) with the division postponed to the end (the
-    form of FlashAttention-2). ``scale`` is :math:`\tau` (default :math:`1/\sqrt{D}`). With
-    ``causal``, tiles entirely above the diagonal are skipped and only diagonal tiles are masked.
-    ``T`` need not be a multiple of the block sizes. Returns ``(o, lse)``.
+    form of FlashAttention-2). ``scale``, when given, replaces :math:`1/\sqrt{d_k}`. With ``causal``,
+    tiles entirely above the diagonal are skipped and only diagonal tiles are masked. ``T`` need not
+    be a multiple of the block sizes. Returns ``(o, lse)``.
 
     >>> q = k = v = torch.eye(3).unsqueeze(0)
     >>> o, lse = tiled_attention_forward(q, k, v, causal=True, block_q=2, block_k=2)
     >>> torch.allclose(o, naive_attention(q, k, v, causal=True)[0])
     True
     """
-    q4, k4, v4, squeeze, tau, acc = _prepare(q, k, v, scale, block_q, block_k)
+    q4, k4, v4, squeeze, scale, acc = _prepare(q, k, v, scale, block_q, block_k)
     B, H, T_q, _ = q4.shape
     T_k, D_v = k4.shape[2], v4.shape[-1]
     off = T_k - T_q  # query i sits at key position i + off
@@ -144,7 +144,7 @@ def tiled_attention_forward(
     lse = torch.empty(B, H, T_q, dtype=acc, device=dev)
     for qs in range(0, T_q, block_q):
         qe = min(qs + block_q, T_q)
-        q_i = q4[:, :, qs:qe].to(acc) * tau
+        q_i = q4[:, :, qs:qe].to(acc) * scale
         m_i = torch.full((B, H, qe - qs), NEG_INF, dtype=acc, device=dev)
         l_i = torch.zeros(B, H, qe - qs, dtype=acc, device=dev)
         o_i = torch.zeros(B, H, qe - qs, D_v, dtype=acc, device=dev)
@@ -177,12 +177,13 @@ def tiled_attention_backward(
     With :math:`P = e^{S - L}` recomputed tile by tile and :math:`\delta_i = \sum_d dO_{id} O_{id}`:
 
     .. math:: dV_j = \sum_i P_{ij}^\top dO_i, \quad dP = dO\, V^\top, \quad
-        dS = P \odot (dP - \delta), \quad dQ = \tau\, dS\, K, \quad dK = \tau\, dS^\top Q
+        dS = P \odot (dP - \delta), \quad dQ = dS\, K/\sqrt{d_k}, \quad dK = dS^\top Q/\sqrt{d_k}
 
-    The outer loop runs over key tiles (their ``dK, dV`` stay local), the inner over query tiles
-    (``dQ`` is accumulated). Memory stays :math:`O(T)` plus one tile. Returns ``(dq, dk, dv)``.
+    (``scale``, when given, replaces :math:`1/\sqrt{d_k}`). The outer loop runs over key tiles (their
+    ``dK, dV`` stay local), the inner over query tiles (``dQ`` is accumulated). Memory stays
+    :math:`O(T)` plus one tile. Returns ``(dq, dk, dv)``.
     """
-    q4, k4, v4, squeeze, tau, acc = _prepare(q, k, v, scale, block_q, block_k)
+    q4, k4, v4, squeeze, scale, acc = _prepare(q, k, v, scale, block_q, block_k)
     B, H, T_q, _ = q4.shape
     T_k = k4.shape[2]
     o4, do4, lse4 = (o.unsqueeze(1), do.unsqueeze(1), lse.unsqueeze(1)) if squeeze else (o, do, lse)
@@ -203,15 +204,15 @@ def tiled_attention_backward(
         for qs in range(q_start, T_q, block_q):
             qe = min(qs + block_q, T_q)
             q_i, do_i = q4[:, :, qs:qe].to(acc), do4[:, :, qs:qe].to(acc)
-            s = (q_i * tau) @ k_j.transpose(-1, -2)
+            s = (q_i * scale) @ k_j.transpose(-1, -2)
             if causal and ke - 1 > qs + off:
                 rows = torch.arange(qs, qe, device=dev).unsqueeze(-1) + off
                 s = s.masked_fill(torch.arange(ks, ke, device=dev) > rows, NEG_INF)
             p = (s - lse_safe[:, :, qs:qe].unsqueeze(-1)).exp()
             dv_j += p.transpose(-1, -2) @ do_i
             ds = p * (do_i @ v_j.transpose(-1, -2) - delta[:, :, qs:qe].unsqueeze(-1))
-            dq[:, :, qs:qe] += (ds @ k_j) * tau
-            dk_j += (ds.transpose(-1, -2) @ q_i) * tau
+            dq[:, :, qs:qe] += (ds @ k_j) * scale
+            dk_j += (ds.transpose(-1, -2) @ q_i) * scale
         dk[:, :, ks:ke], dv[:, :, ks:ke] = dk_j, dv_j
     dq, dk, dv = dq.to(q4.dtype), dk.to(k4.dtype), dv.to(v4.dtype)
     return (dq.squeeze(1), dk.squeeze(1), dv.squeeze(1)) if squeeze else (dq, dk, dv)

@@ -197,7 +197,7 @@ class TinyGPT(nn.Module):
                        ) -> Float[Tensor, "L B H T T"]:
         """The causal attention weights of every layer and head on ``ids``: ``(L, B, H, T, T)``.
 
-        Runs the same computation as :meth:`forward` and asks each block's attention for its weights
+        Runs the same computation as ``forward`` and asks each block's attention for its weights
         (:meth:`llmbook.lm.attention.MultiHeadAttention.attention_weights`), for looking at what the
         heads of a trained model attend to. Rows sum to one; entries above the diagonal are zero.
 

@@ -94,7 +94,7 @@ def sliding_window_attention(
     q4, k4, v4, squeeze = check_attention_inputs(q, k, v)
     window = check_positive_int(window, "window")
     T_q, T_k = q4.shape[2], k4.shape[2]
-    tau = attention_scale(scale, q4.shape[-1])
+    scale = attention_scale(scale, q4.shape[-1])
     block_q = max(window, 64) if block_q is None else check_positive_int(block_q, "block_q")
     off = T_k - T_q
     outs = []
@@ -109,7 +109,7 @@ def sliding_window_attention(
         j = torch.arange(lo, hi, device=q4.device)
         allowed = ((j <= p) & (j > p - window)) if causal else (p - j).abs() < window
         outs.append(scaled_dot_product_attention(q4[:, :, a:b], k4[:, :, lo:hi], v4[:, :, lo:hi],
-                                                 mask=allowed, scale=tau))
+                                                 mask=allowed, scale=scale))
     out = torch.cat(outs, dim=2)
     return out.squeeze(1) if squeeze else out
 

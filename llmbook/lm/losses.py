@@ -4,7 +4,7 @@ They take ``logits`` with the classes on the **last** axis, ``(..., V)``, and in
 shape ``(...)`` (``V`` classes or vocabulary entries); positions whose target equals ``ignore_index``
 (torch's ``-100``) count for nothing. ``reduction`` is ``"mean"`` (over counted positions), ``"sum"`` or
 ``"none"`` (:func:`reduce_loss`, shared by every module of the chapter). fp16 and bf16 inputs are
-computed in float32 and the result is rounded back once (:mod:`llmbook._precision`).
+computed in float32 and the result is rounded back once (``llmbook._precision``).
 
 The rest of chapter 7: contrastive and metric losses (InfoNCE, NT-Xent, triplet) in
 :mod:`llmbook.lm.contrastive`, the language-modelling objectives (MLM, causal LM, span corruption) in

@@ -181,7 +181,7 @@ class MixedPrecisionAdamW:
     """Mixed-precision AdamW: the model computes in bf16, the optimiser updates fp32 master weights.
 
     ``params`` are the model's (bf16) parameters. The optimiser (``optimizer_class``, default
-    :class:`llmbook.lm.optim.AdamW`, with ``kwargs``) works on fp32 copies ``master``; :meth:`step`
+    :class:`llmbook.lm.optim.AdamW`, with ``kwargs``) works on fp32 copies ``master``; ``step``
     upcasts each bf16 gradient into its master's ``.grad``, steps, rounds the masters back into the bf16
     weights and frees the fp32 gradients. Per parameter: 2 (weights) + 2 (grads) + 4 (master) + 8 (m, v)
     = 16 bytes, what :func:`measure_training_bytes` finds.
@@ -276,7 +276,7 @@ def _distributed():
 
 def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: torch.dtype = torch.float64,
                      lr: float = 1e-2, timeout: float = 120.0, start_method: str | None = None) -> dict:
-    r"""Train a small :class:`TinyGPT` with ZeRO-1 on ``world_size`` CPU processes and measure each rank's state.
+    r"""Train a small :class:`~llmbook.lm.gpt.TinyGPT` with ZeRO-1 on ``world_size`` CPU processes; measure each rank.
 
     ``world_size = 1`` is ordinary single-process training (the reference: plain
     :class:`llmbook.lm.optim.AdamW`, no ``torch.distributed``). ``world_size >= 2`` spawns that many

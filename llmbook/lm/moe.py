@@ -109,8 +109,9 @@ def top_k_routing(probs: Float[Tensor, "... E"], K: int, *, renormalize: bool = 
     r"""Top-k routing :math:`S(x) = \mathrm{TopK}(g(x), K)` and the combine weights of the chosen experts.
 
     Returns ``(topk_weights, topk_ids)``, both ``(..., K)``, sorted by decreasing score. With
-    ``renormalize`` (Mixtral) the weights are :math:`g_e / \sum_{j\in S} g_j` and sum to one; without
-    it they are the raw :math:`g_e` (Switch, GShard's first expert).
+    ``renormalize`` the weights are :math:`g_e / \sum_{j\in S} g_j` and sum to one: Mixtral's weights, and
+    for ``K = 2`` GShard's top-2 gates :math:`g_1 / (g_1 + g_2)`, :math:`g_2 / (g_1 + g_2)`. Without it they
+    are the raw :math:`g_e`, as in Switch's top-1 routing (:func:`switch_routing`).
 
     ``bias`` (``(E,)``) is DeepSeek's auxiliary-loss-free balancing term: the experts are *selected*
     by :math:`g_e + b_e`, but the weights still come from :math:`g_e` alone, so no gradient flows

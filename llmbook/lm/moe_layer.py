@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,6 @@ from llmbook.lm.moe import (
     capacity_mask,
     expert_capacity,
     expert_load,
-    load_balancing_loss,
     moe_output,
     top_k_routing,
     update_routing_bias,
@@ -142,35 +142,48 @@ class RoutingSimulation:
     load: Tensor  # (S, E) assignments per expert at each step
     imbalance: Tensor  # (S,) max / mean load
     main_loss: Tensor  # (S,) the task loss (mean squared error per coordinate)
-    probs: Tensor  # (N, E) final router probabilities
-    topk_ids: Tensor  # (N, K) final choices
-    topk_weights: Tensor  # (N, K) final combine weights
+    probs: Tensor  # (N, E) router probabilities at the last step
+    topk_ids: Tensor  # (N, K) choices at the last step
+    topk_weights: Tensor  # (N, K) combine weights at the last step
     bias: Tensor  # (E,) final routing bias (zeros unless balance == "bias")
+    first_probs: Tensor  # (N, E) router probabilities at the first step, before any training
+    topk_ids_history: Tensor  # (S, N, K) the choices at every step
+    topk_weights_history: Tensor  # (S, N, K) the combine weights at every step
 
 
 BALANCE = ("none", "aux", "bias")
 
 
 def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps: int = 200, balance: str = "none",
-                     alpha: float = 0.3, u: float = 0.003, skew: float = 1.0, lr_router: float = 0.1,
-                     lr_expert: float = 0.5, seed: int = 0) -> RoutingSimulation:
-    r"""Train a toy MoE by full-batch gradient descent and record how its router spreads the tokens.
+                     alpha: float = 0.3, u: float = 0.003, shared: float = 0.9, noise: float = 1.5, skew: float = 0.0,
+                     lr_router: float = 0.1, lr_expert: float = 1.0, seed: int = 0) -> RoutingSimulation:
+    r"""Train a toy top-``K`` MoE by full-batch gradient descent and record how its router spreads the tokens.
 
-    The ``N`` tokens come from ``E`` clusters, each with its own linear target map, and each expert
-    is a linear map ``(C, C)``, so a balanced routing that specialises is the best solution. The
-    router starts with a preference for low-numbered experts, :math:`-\text{skew}\cdot\log(1 + e)`
-    added to its logits. An expert that gets more tokens learns faster, looks better to the
-    router and gets still more tokens: without balancing, the routing collapses.
+    The ``N`` tokens come from ``E`` clusters (centres plus Gaussian ``noise``, rescaled to norm
+    :math:`\sqrt{C}`). Token :math:`x` of cluster :math:`c` has the target
+    :math:`x\,(\text{shared}\,A_0 + \sqrt{1 - \text{shared}^2}\,A_c)`: a linear map common to all tokens
+    plus one of its own cluster. Each expert is a linear map ``(C, C)`` (initial scale 0.1). The router
+    is :math:`\mathrm{softmax}(W_g x + r)` with a learned bias :math:`r` per expert (GPT-OSS's router
+    has one too), top-``K`` renormalised as in Mixtral, or the raw gate for ``K = 1`` as in Switch.
+
+    The router starts close to indifferent (:math:`W_g` of scale 0.01 and
+    :math:`r = -\text{skew}\cdot\log(1 + e)`, zero by default), so the first routing is only as uneven
+    as a random assignment of the clusters. What happens to the balance after that comes from
+    training: an expert that gets more tokens gets more gradient, learns the shared map first, looks
+    better to the router than its partners, and the router's bias hands it more tokens still.
+    ``skew > 0`` starts the router with a preference for low-numbered experts instead.
 
     ``balance``: ``"none"``; ``"aux"`` adds :func:`~llmbook.lm.moe.load_balancing_loss` with strength ``alpha``;
     ``"bias"`` selects with a routing bias moved by :func:`~llmbook.lm.moe.update_routing_bias` with step ``u``.
-    Everything is float64 and seeded by ``seed``: the history is reproducible bit for bit. The loop
-    runs on one thread: its tensors are far too small to gain from intra-op parallelism, and on a
-    busy machine the idle worker threads slow it down several times over.
+    The gradients are written out by hand (the tests compare them with autograd), which makes a run of
+    200 steps take a fraction of a second. Everything is float64 and seeded by ``seed``: the history
+    is reproducible bit for bit, and runs are cached by their arguments (each call returns its own copy).
+    The loop runs on one thread: its tensors are far too small to gain from intra-op parallelism, and on
+    a busy machine idle worker threads slow it down several times over.
 
     >>> sim = simulate_routing(E=4, K=1, N=16, C=4, steps=3)
-    >>> tuple(sim.load.shape), sim.load.sum(-1).tolist()
-    ((3, 4), [16, 16, 16])
+    >>> tuple(sim.load.shape), sim.load.sum(-1).tolist(), tuple(sim.topk_ids_history.shape)
+    ((3, 4), [16, 16, 16], (3, 16, 1))
     """
     E, K, N, C, steps = (check_positive_int(v, n)
                          for v, n in ((E, "E"), (K, "K"), (N, "N"), (C, "C"), (steps, "steps")))
@@ -178,11 +191,22 @@ def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps
         raise ValueError(f"K ({K}) cannot exceed the number of experts E ({E})")
     if balance not in BALANCE:
         raise ValueError(f"balance must be one of {BALANCE}, got {balance!r}")
-    for value, name in ((alpha, "alpha"), (u, "u"), (skew, "skew"), (lr_router, "lr_router"),
+    for value, name in ((alpha, "alpha"), (u, "u"), (noise, "noise"), (skew, "skew"), (lr_router, "lr_router"),
                         (lr_expert, "lr_expert")):
         check_range(value, name, 0.0)
+    check_range(shared, "shared", 0.0, 1.0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    sim = _simulate_cached(E, K, N, C, steps, balance, float(alpha), float(u), float(shared), float(noise),
+                           float(skew), float(lr_router), float(lr_expert), seed)
+    return RoutingSimulation(**{f.name: getattr(sim, f.name).clone() for f in fields(sim)})  # the caller's own copy
+
+
+@lru_cache(maxsize=32)
+def _simulate_cached(*args) -> RoutingSimulation:
+    """Runs are cached by their arguments: the chapter and its widget train the same three models."""
     with _one_thread():
-        return _simulate(E, K, N, C, steps, balance, alpha, u, skew, lr_router, lr_expert, seed)
+        return _simulate(*args)
 
 
 @contextmanager
@@ -195,38 +219,72 @@ def _one_thread():
         torch.set_num_threads(n)
 
 
-def _simulate(E, K, N, C, steps, balance, alpha, u, skew, lr_router, lr_expert, seed) -> RoutingSimulation:
+def _toy_task(E, N, C, shared, noise, skew, seed):
+    """Tokens ``x`` (N, C), targets (N, C) and the initial ``W_g`` (E, C), ``r`` (E,), expert maps ``W`` (E, C, C)."""
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
     cluster = torch.arange(N) % E
     centres = torch.randn(E, C, generator=g, dtype=f64)
-    x = centres[cluster] + 0.5 * torch.randn(N, C, generator=g, dtype=f64)
+    x = centres[cluster] + noise * torch.randn(N, C, generator=g, dtype=f64)
     x = x / x.norm(dim=-1, keepdim=True) * math.sqrt(C)
-    A = torch.randn(E, C, C, generator=g, dtype=f64) / math.sqrt(C)
-    target = torch.einsum("nc,ncd->nd", x, A[cluster])
-    W_g = (0.1 * torch.randn(E, C, generator=g, dtype=f64)).requires_grad_()
-    r = (-skew * torch.log1p(torch.arange(E, dtype=f64))).requires_grad_()
-    W = (0.1 * torch.randn(E, C, C, generator=g, dtype=f64)).requires_grad_()
-    b = torch.zeros(E, dtype=f64)
-    loads, losses = [], []
+    A = torch.randn(E, C, C, generator=g, dtype=f64) / math.sqrt(C)  # each cluster's own map
+    A_0 = torch.randn(C, C, generator=g, dtype=f64) / math.sqrt(C)  # the map every token shares
+    target = math.sqrt(1.0 - shared**2) * torch.einsum("nc,ncd->nd", x, A[cluster]) + shared * (x @ A_0)
+    W_g = 0.01 * torch.randn(E, C, generator=g, dtype=f64)
+    r = -skew * torch.log1p(torch.arange(E, dtype=f64))
+    W = 0.1 * torch.randn(E, C, C, generator=g, dtype=f64)
+    return x, target, W_g, r, W
+
+
+def _loss_and_grads(x, target, W_g, r, W, b, K, alpha, balance):
+    """One forward pass of the toy MoE and the gradients of its loss, by hand.
+
+    Returns ``(main_loss, probs, topk_ids, topk_weights, load, (dW_g, dr, dW))``; the loss is the mean
+    squared error, plus ``alpha`` times the balancing loss when ``balance == "aux"``.
+    """
+    N, C = x.shape
+    E = W_g.shape[0]
+    probs = torch.softmax(torch.addmm(r, x, W_g.T), -1)  # (N, E); small logits, plain softmax is safe
+    # renormalised over the K chosen (Mixtral); the raw gate for K = 1 (Switch), which keeps a router gradient
+    w, ids = top_k_routing(probs, K, renormalize=K > 1, bias=b if balance == "bias" else None)
+    load = expert_load(ids, E)
+    combine = torch.zeros_like(probs).scatter_(1, ids, w)  # (N, E): w where chosen, 0 elsewhere
+    out = (x @ W.transpose(0, 1).reshape(C, E * C)).view(N, E, C)  # every expert on every token (cheap here)
+    y = (combine.unsqueeze(-1) * out).sum(1)
+    residual = y - target
+    main = residual.pow(2).mean()
+    dy = residual * (2.0 / (N * C))
+    dw = (out * dy.unsqueeze(1)).sum(-1).gather(1, ids)  # (N, K): d loss / d combine weight
+    dg = dw  # d loss / d g: for K = 1 the weight is the gate itself ...
+    if K > 1:  # ... else through w = g / sum(g)
+        dg = (dw - (dw * w).sum(-1, keepdim=True)) / probs.gather(1, ids).sum(-1, keepdim=True)
+    dprobs = torch.zeros_like(probs).scatter_(1, ids, dg)
+    if balance == "aux":  # alpha E sum_e f_e P_e with P_e = mean_n g_ne: d / d g_ne = alpha E f_e / N
+        dprobs = dprobs + alpha * E * load.to(probs.dtype) / N**2
+    dz = probs * (dprobs - (probs * dprobs).sum(-1, keepdim=True))  # through the softmax
+    dW = ((combine.T.unsqueeze(1) * x.T).reshape(E * C, N) @ dy).view(E, C, C)  # (E C, N) @ (N, C)
+    return main, probs, ids, w, load, (dz.T @ x, dz.sum(0), dW)
+
+
+def _simulate(E, K, N, C, steps, balance, alpha, u, shared, noise, skew, lr_router, lr_expert, seed):
+    x, target, W_g, r, W = _toy_task(E, N, C, shared, noise, skew, seed)
+    b = torch.zeros(E, dtype=x.dtype)
+    loads, losses, all_ids, all_w = [], [], [], []
+    first_probs = None
     for _ in range(steps):
-        probs = softmax(x @ W_g.T + r)
-        w, ids = top_k_routing(probs, K, bias=b if balance == "bias" else None)
-        y = torch.einsum("nk,nc,nkcd->nd", w, x, W[ids])
-        main = ((y - target) ** 2).mean()
-        load = expert_load(ids, E)
-        loss = main
-        if balance == "aux":
-            loss = main + load_balancing_loss(probs, ids, alpha)
-        gW_g, gr, gW = torch.autograd.grad(loss, (W_g, r, W))
-        with torch.no_grad():
-            W_g -= lr_router * gW_g
-            r -= lr_router * gr
-            W -= lr_expert * gW
+        main, probs, ids, w, load, (dW_g, dr, dW) = _loss_and_grads(x, target, W_g, r, W, b, K, alpha, balance)
+        if first_probs is None:
+            first_probs = probs
+        W_g = W_g - lr_router * dW_g
+        r = r - lr_router * dr
+        W = W - lr_expert * dW
         if balance == "bias":
             b = update_routing_bias(b, load, u)
         loads.append(load)
-        losses.append(main.detach())
+        losses.append(main)
+        all_ids.append(ids)
+        all_w.append(w)
     load = torch.stack(loads)
     imbalance = load.max(-1).values / load.double().mean(-1)
-    return RoutingSimulation(load, imbalance, torch.stack(losses), probs.detach(), ids, w.detach(), b)
+    return RoutingSimulation(load, imbalance, torch.stack(losses), probs, ids, w, b, first_probs,
+                             torch.stack(all_ids), torch.stack(all_w))

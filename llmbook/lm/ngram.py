@@ -1,7 +1,8 @@
 r"""A small interpolated n-gram language model over integer tokens.
 
 A helper model, not a catalogue equation: it gives chapter 1 a *real* next-token distribution
-(perplexity and bits-per-byte on a real text, the temperature widget) without a neural network.
+(perplexity and bits-per-byte on a real text) without a neural network, and chapter 9 a weak model
+beside the trained tiny GPT (the contrastive amateur, the speculative draft, Mirostat's loop).
 
 Orders follow the usual n-gram naming: an order-``n`` model conditions each token on the
 ``n - 1`` tokens before it (order 1 is a unigram model, order 2 a bigram model), and order 0 is

@@ -44,6 +44,7 @@ from llmbook.lm.rope import (  # noqa: F401  (re-exported: chapter 4 reads them 
     interleaved_to_half_weight,
     rope_cos_sin,
     rope_inv_freq,
+    rope_pair_energy,
     rope_relative_score,
     rope_rotation_matrix,
     rotate_half,
@@ -69,6 +70,7 @@ __all__ = [
     "half_to_interleaved",
     "interleaved_to_half_weight",
     "half_to_interleaved_weight",
+    "rope_pair_energy",
     "ROPE_LAYOUTS",
     "check_rope_layout",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "half_to_interleaved",
     "interleaved_to_half_weight",
     "half_to_interleaved_weight",
+    "rope_pair_energy",
     "ROPE_LAYOUTS",
     "check_rope_layout",
 ]
@@ -337,6 +338,31 @@ def half_to_interleaved(x: Float[Tensor, "... D"]) -> Float[Tensor, "... D"]:
         raise ValueError(f"the last dim of x ({x.shape[-1]}) must be even")
     h = x.shape[-1] // 2
     return torch.stack([x[..., :h], x[..., h:]], dim=-1).reshape(x.shape)
+
+
+def rope_pair_energy(x: Float[Tensor, "... D"], layout: str = "half") -> Float[Tensor, "... D2"]:
+    r"""The squared length of every RoPE pair of ``x``: how much of a query's or key's energy each frequency holds.
+
+    Pair :math:`j` is :math:`(x_j, x_{j+D/2})` (``layout="half"``) or :math:`(x_{2j}, x_{2j+1})`
+    (``"interleaved"``), and its energy :math:`x_j^2 + x_{j+D/2}^2` is unchanged by the rotation, so
+    it is the same before and after :func:`apply_rope` at any position. Averaged over a trained model's
+    queries and keys it shows which frequencies the model uses (chapter 4). Shape ``(..., D) -> (..., D/2)``;
+    fp16 / bf16 input gives float32 (squares overflow fp16).
+
+    >>> rope_pair_energy(torch.tensor([3.0, 1.0, 4.0, 2.0]))  # pairs (3, 4) and (1, 2)
+    tensor([25.,  5.])
+    >>> rope_pair_energy(torch.tensor([3.0, 4.0, 1.0, 2.0]), layout="interleaved")
+    tensor([25.,  5.])
+    """
+    x = as_tensor(x, "x")
+    check_dim(x, "x", "(..., D)", min_dim=1)
+    check_rope_layout(layout)
+    _check_even(x.shape[-1], "the last dim of x (D)")
+    x = upcast_half(x)
+    if layout == "interleaved":
+        x = interleaved_to_half(x)
+    h = x.shape[-1] // 2
+    return x[..., :h] ** 2 + x[..., h:] ** 2
 
 
 def _permute_heads(W: Tensor, n_heads: int, name: str, vector_permutation) -> Tensor:

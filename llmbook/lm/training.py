@@ -180,7 +180,7 @@ def load_checkpoint(path) -> dict:
 
 
 def model_from_checkpoint(ckpt: dict) -> TinyGPT:
-    """A :class:`TinyGPT` built from ``ckpt["config"]["model"]`` with the weights of ``ckpt["model"]``."""
+    """A :class:`~llmbook.lm.gpt.TinyGPT` built from ``ckpt["config"]["model"]``, weights ``ckpt["model"]``."""
     model = TinyGPT(GPTConfig(**ckpt["config"]["model"]))
     model.load_state_dict(ckpt["model"])
     return model
@@ -222,7 +222,7 @@ class TrainConfig:
         check_range(self.max_norm, "max_norm", 0.0, low_open=True)
 
 
-#: The committed model: its GPTConfig (``vocab_size`` is the corpus's 100 characters) and TrainConfig.
+#: The committed model, as the pair (GPTConfig, TrainConfig); ``vocab_size`` is the corpus's 100 characters.
 TINY_GPT = (GPTConfig(vocab_size=100, d_model=128, n_layers=4, n_heads=4, d_ff=344, max_seq_len=64),
             TrainConfig())
 
@@ -261,7 +261,7 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def train(model_config: GPTConfig, config: TrainConfig, train_data, heldout_data, *, stop_after: int | None = None,
           evaluate: bool = True, progress=None) -> tuple[TinyGPT, torch.optim.Optimizer, dict]:
-    r"""Train a fresh :class:`TinyGPT` from ``config.seed``; returns ``(model, optimizer, log)``.
+    r"""Train a fresh :class:`~llmbook.lm.gpt.TinyGPT` from ``config.seed``; returns ``(model, optimizer, log)``.
 
     Each step :math:`t = 0, 1, \dots` draws a batch with :func:`get_batch`, computes the mean
     cross-entropy, back-propagates, clips the global gradient norm to ``max_norm``
@@ -413,8 +413,8 @@ def generate_text(model: TinyGPT, tok: CharTokenizer, prompt: str = "\n", max_ne
                   seed: int = 0, **sampling) -> str:
     """Sample ``max_new_tokens`` characters after ``prompt`` (non-empty) and return them (without the prompt).
 
-    Uses :meth:`TinyGPT.generate` with a ``torch.Generator`` seeded by ``seed``; ``sampling`` is passed on
-    (``tau=0`` greedy, ``tau``, ``top_k``, ``top_p``, ...).
+    Uses :meth:`~llmbook.lm.gpt.TinyGPT.generate` with a ``torch.Generator`` seeded by ``seed``; ``sampling`` goes
+    to it (``tau=0`` greedy, ``tau``, ``top_k``, ``top_p``, ...).
 
     >>> model, tok = pretrained_tiny()
     >>> len(generate_text(model, tok, "The ", max_new_tokens=5))

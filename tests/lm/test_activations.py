@@ -4,7 +4,8 @@ Tolerances, stated once:
 
 * float32 against a torch oracle: ``rtol = atol = 1e-6`` (``F32``), ``1e-5`` after a matrix product;
 * float64 against scipy closed forms: ``rtol = atol = 1e-12`` (``F64``);
-* SwiGLU against ``transformers``' ``LlamaMLP`` with the same weights: exact equality.
+* SwiGLU against ``transformers``' ``LlamaMLP`` with the same weights: exact equality; GLU, ReGLU and GeGLU
+  against ``LlamaMLP`` with another ``hidden_act`` and T5's ``T5DenseGatedActDense`` (float64, ``F64``).
 """
 
 import numpy as np
@@ -15,8 +16,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-from transformers import LlamaConfig
+from transformers import LlamaConfig, T5Config
+from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaMLP
+from transformers.models.t5.modeling_t5 import T5DenseGatedActDense
 
 from llmbook.lm.activations import (
     GLUFFN,
@@ -36,6 +39,7 @@ from llmbook.lm.activations import (
     swiglu_hidden_size,
 )
 from llmbook.lm.blocks import FeedForward
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-6, atol=1e-6)
 MM32 = dict(rtol=1e-5, atol=1e-5)
@@ -103,35 +107,101 @@ def weights(d_in, d_out, dtype=torch.float64, seed=0):
             torch.randn(d_in, d_out, generator=g, dtype=dtype) / d_in ** 0.5)
 
 
-@pytest.mark.equation("06.06", oracle="torch.nn.functional.glu on cat([xW_a + b_a, xW_b + b_b]) (second half gates)")
-def test_glu_matches_torch_glu():
+def _copy_gated(ours, gate, up, down):
+    """Load the weights of a transformers gated MLP (gate, up and down ``nn.Linear``) into an llmbook module."""
+    with torch.no_grad():
+        ours.w_gate.weight.copy_(gate.weight)
+        ours.w_up.weight.copy_(up.weight)
+        ours.w_down.weight.copy_(down.weight)
+    return ours
+
+
+def _llama_mlp(hidden_act, d=8, d_ff=12, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=d, intermediate_size=d_ff, num_attention_heads=2, hidden_act=hidden_act,
+                      mlp_bias=False)
+    return LlamaMLP(cfg).double()
+
+
+def _t5_gated(feed_forward_proj, d=8, d_ff=12, seed=0):
+    """T5 v1.1's gated FFN: ``wo(act(wi_0 x) * wi_1 x)``; "gated-gelu" uses ACT2FN["gelu_new"] (tanh GELU)."""
+    torch.manual_seed(seed)
+    cfg = T5Config(d_model=d, d_ff=d_ff, feed_forward_proj=feed_forward_proj, dropout_rate=0.0)
+    return T5DenseGatedActDense(cfg).double().eval()
+
+
+@pytest.mark.equation("06.06", oracle="torch.nn.functional.glu on cat([xW_a + b_a, xW_b + b_b]) (second half gates); "
+                                      "transformers LlamaMLP(hidden_act='sigmoid')")
+def test_glu_matches_torch_glu_and_a_sigmoid_gated_llama_mlp():
     x = torch.randn(4, 5, 8, dtype=torch.float64)
     W_a, W_b = weights(8, 12)
     b_a, b_b = torch.randn(12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
     ref = F.glu(torch.cat([x @ W_a + b_a, x @ W_b + b_b], -1), dim=-1)
     torch.testing.assert_close(glu(x, W_a, W_b, b_a, b_b), ref, **F64)
-    m = GLUFFN(8, 12)
-    xf = x.float()
-    torch.testing.assert_close(m(xf), m.w_down(F.glu(torch.cat([m.w_up(xf), m.w_gate(xf)], -1))), **MM32)
+    llama = _llama_mlp("sigmoid", seed=3)  # down(sigmoid(gate(x)) * up(x)): the GLU FFN of Dauphin et al.
+    m = _copy_gated(GLUFFN(8, 12).double(), llama.gate_proj, llama.up_proj, llama.down_proj)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), llama(x), **F64)
+        f = glu(x, llama.up_proj.weight.T, llama.gate_proj.weight.T) @ llama.down_proj.weight.T
+    torch.testing.assert_close(f, llama(x), **F64)
 
 
-@pytest.mark.equation("06.07", oracle="torch.nn.functional.relu on the gate projection (float64)")
-def test_reglu():
+def _degree(f, x, c):
+    """The local degree of homogeneity log2(|f(2cx)| / |f(cx)|): 2 for a quadratic, 1 for a linear map."""
+    return float(torch.log2(f(2 * c * x).norm() / f(c * x).norm()))
+
+
+def test_only_the_sigmoid_free_unit_is_quadratic():
+    """The bilinear unit (xW_a)(xW_b) has degree 2 at every scale; the sigmoid GLU has degree 1 at both ends."""
+    x = torch.randn(64, 8, dtype=torch.float64)
+    W_a, W_b = weights(8, 12, seed=5)
+    for c in (1e-3, 1.0, 1e3):
+        assert _degree(lambda z: (z @ W_a) * (z @ W_b), x, c) == pytest.approx(2.0, abs=1e-12)
+        assert _degree(lambda z: reglu(z, W_a, W_b), x, c) == pytest.approx(2.0, abs=1e-12)
+    for c in (1e-3, 1e3):
+        assert _degree(lambda z: glu(z, W_a, W_b), x, c) == pytest.approx(1.0, abs=2e-3)
+    assert 1.05 < _degree(lambda z: glu(z, W_a, W_b), x, 1.0) < 1.95
+
+
+@pytest.mark.equation("06.07", oracle="transformers T5DenseGatedActDense(feed_forward_proj='gated-relu') and "
+                                      "LlamaMLP(hidden_act='relu') (copied weights); positive homogeneity")
+def test_reglu_matches_relu_gated_transformers_mlps():
     x = torch.randn(6, 8, dtype=torch.float64)
+    t5 = _t5_gated("gated-relu", seed=1)  # wi_0 is T5's gate, wi_1 its value
+    with torch.no_grad():
+        ref = t5(x)
+        f = reglu(x, t5.wi_1.weight.T, t5.wi_0.weight.T) @ t5.wo.weight.T
+        torch.testing.assert_close(f, ref, **F64)
+        llama = _llama_mlp("relu", seed=2)
+        m = _copy_gated(ReGLU(8, 12).double(), llama.gate_proj, llama.up_proj, llama.down_proj)
+        torch.testing.assert_close(m(x), llama(x), **F64)
+    # a law the definition implies but an implementation can break: ReGLU(c x) = c^2 ReGLU(x) for c > 0
     W_a, W_b = weights(8, 12, seed=1)
-    torch.testing.assert_close(reglu(x, W_a, W_b), (x @ W_a) * F.relu(x @ W_b), **F64)
-    m = ReGLU(8, 12)
-    torch.testing.assert_close(m(x.float()), m.w_down(m.w_up(x.float()) * F.relu(m.w_gate(x.float()))), **MM32)
+    torch.testing.assert_close(reglu(3 * x, W_a, W_b), 9 * reglu(x, W_a, W_b), **F64)
 
 
-@pytest.mark.equation("06.08", oracle="torch.nn.functional.gelu (approximate='none' and 'tanh') on the gate")
-def test_geglu():
+@pytest.mark.equation("06.08", oracle="transformers T5DenseGatedActDense(feed_forward_proj='gated-gelu', i.e. "
+                                      "ACT2FN['gelu_new']) and LlamaMLP(hidden_act='gelu') (copied weights)")
+def test_geglu_matches_gelu_gated_transformers_mlps():
     x = torch.randn(6, 8, dtype=torch.float64)
-    W_a, W_b = weights(8, 12, seed=2)
-    torch.testing.assert_close(geglu(x, W_a, W_b), (x @ W_a) * F.gelu(x @ W_b), **F64)
-    torch.testing.assert_close(geglu(x, W_a, W_b, "tanh"), (x @ W_a) * F.gelu(x @ W_b, approximate="tanh"), **F64)
-    m = GeGLU(8, 12)
-    torch.testing.assert_close(m(x.float()), m.w_down(m.w_up(x.float()) * F.gelu(m.w_gate(x.float()))), **MM32)
+    t5 = _t5_gated("gated-gelu", seed=3)  # T5 v1.1 / Flan-T5: GeGLU with GPT-2's tanh GELU
+    assert t5.act.__class__.__name__ == "NewGELUActivation"
+    llama = _llama_mlp("gelu", seed=4)  # ACT2FN["gelu"]: the exact, erf GELU
+    m = _copy_gated(GeGLU(8, 12).double(), llama.gate_proj, llama.up_proj, llama.down_proj)
+    with torch.no_grad():
+        f_tanh = geglu(x, t5.wi_1.weight.T, t5.wi_0.weight.T, approximate="tanh") @ t5.wo.weight.T
+        torch.testing.assert_close(f_tanh, t5(x), **F64)
+        torch.testing.assert_close(m(x), llama(x), **F64)
+        f = geglu(x, llama.up_proj.weight.T, llama.gate_proj.weight.T) @ llama.down_proj.weight.T
+        torch.testing.assert_close(f, llama(x), **F64)
+        # the two GELUs differ: the tanh GeGLU is not the exact one (a check that could catch a swapped flag)
+        assert (f_tanh - geglu(x, t5.wi_1.weight.T, t5.wi_0.weight.T) @ t5.wo.weight.T).abs().max() > 1e-7
+
+
+def test_activations_match_transformers_act2fn():
+    """transformers' own activation table (GPT-2's "gelu_new" is the tanh GELU) as a second oracle."""
+    for ours, name in ((relu, "relu"), (gelu, "gelu"), (gelu_tanh, "gelu_new"), (silu, "silu"), (mish, "mish")):
+        torch.testing.assert_close(ours(X64), ACT2FN[name](X64), **F64)
 
 
 @pytest.mark.equation("06.09", oracle="transformers.models.llama.modeling_llama.LlamaMLP (copied weights)")
@@ -248,3 +318,37 @@ def test_gated_modules_check_their_input_before_nn_linear(cls):
     with pytest.raises(TypeError, match=r"x \(torch.float64\) must have the dtype of the \w+'s parameters "
                                         r"\(torch.float32\)"):
         ffn(x.double())
+
+
+# ================================================================= the chapter's Try-it solutions
+
+
+def test_try_it_solutions_of_chapter_6():
+    """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    stated = []
+    # 1. ReGLU and SwiGLU hold the same weights; at a gate projection of -1 ReLU is 0 with slope 0, SiLU is not
+    n_reglu, n_swiglu = (sum(p.numel() for p in cls(12, 32).parameters()) for cls in (ReGLU, SwiGLU))
+    assert n_reglu == n_swiglu == 1152
+    u = torch.tensor([-1.0], dtype=torch.float64, requires_grad=True)
+    (d_relu,) = torch.autograd.grad(relu(u).sum(), u)
+    assert relu(u).item() == 0 and d_relu.item() == 0
+    (d_silu,) = torch.autograd.grad(silu(u).sum(), u)
+    s = scipy.special.expit(-1.0)
+    assert silu(u).item() == pytest.approx(-s, abs=1e-15)
+    assert d_silu.item() == pytest.approx(s * (1 + (-1) * (1 - s)), abs=1e-15)  # SiLU' = σ(x)(1 + x(1 − σ(x)))
+    stated += ["1,152", f"{silu(u).item():.4f}", f"{d_silu.item():.4f}"]
+    # 2. autograd at exactly 0: llmbook's relu takes the x branch (1), torch's relu reports 0
+    for f, expected in ((relu, 1.0), (F.relu, 0.0)):
+        z = torch.zeros(1, requires_grad=True)
+        (dz,) = torch.autograd.grad(f(z).sum(), z)
+        assert dz.item() == expected
+    stated += ["**1**", "**0**"]
+    # 3. the tanh GELU's largest gap on the chapter's grid, where, and relative to |GELU| on both sides
+    x = torch.linspace(-8, 8, 4001, dtype=torch.float64)
+    gap = (gelu_tanh(x) - gelu(x)).abs()
+    torch.testing.assert_close(gap, gap.flip(0), rtol=0, atol=1e-14)  # even: both satisfy f(x) - f(-x) = x
+    at = abs(x[int(gap.argmax())].item())
+    g_pos, g_neg = gelu(torch.tensor([at, -at], dtype=torch.float64)).tolist()
+    stated += [f"{gap.max().item() * 1e4:.2f}", f"{at:.2f}", f"{g_pos:.4f}", f"{abs(g_neg):.4f}",
+               f"{100 * gap.max().item() / g_pos:.3f}", f"{100 * gap.max().item() / abs(g_neg):.1f}"]
+    assert_states("06-activations.ipynb", stated)

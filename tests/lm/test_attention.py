@@ -32,6 +32,7 @@ from llmbook.lm.attention import (
     scaled_dot_product_attention,
     softmax_jacobian,
 )
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -591,3 +592,99 @@ def test_sdpa_checks_dropout_p(bad, err, text):
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(err, match=text):
         scaled_dot_product_attention(q, q, q, dropout_p=bad)
+
+
+# ================================================================= the chapter's prose and Try-it solutions
+
+
+
+
+
+def test_try_it_solutions_of_chapter_3():
+    """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    from llmbook.lm.efficient_attention import performer_attention
+    from llmbook.lm.flash import tiled_attention_forward
+    from llmbook.lm.local_attention import sliding_window_mask
+
+    stated = []
+    # 1. four sliding-window layers, W = 5, T = 40: the last position hears from j >= 39 - 4 * 4 = 23
+    T, W, L = 40, 5, 4
+    reach = torch.linalg.matrix_power(sliding_window_mask(T, window=W).double(), L)[-1] > 0
+    heard = {T - 1}
+    for _ in range(L):  # brute force: who can send to a position of `heard` through one layer
+        heard |= {j for i in heard for j in range(T) if i - W < j <= i}
+    assert set(torch.nonzero(reach).flatten().tolist()) == heard == set(range(23, 40))
+    stated += ["$4 \\cdot 4 = 16$", "39 - 16 = 23"]
+    # 2. unscaled scores at d_k = 512 over 64 keys: the top key takes almost everything
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2000, 1, 512, generator=g, dtype=torch.float64)
+    k = torch.randn(2000, 64, 512, generator=g, dtype=torch.float64)
+    _, w = scaled_dot_product_attention(q, k, torch.zeros(2000, 64, 1, dtype=torch.float64), scale=1.0,
+                                        return_weights=True)
+    torch.testing.assert_close(w, torch.softmax(q @ k.transpose(-1, -2), -1), **F64)  # oracle: torch.softmax
+    top = w.amax(-1).flatten()
+    assert f"{top.median().item():.3f}" == "0.998" and (top > 0.99).double().mean().item() > 0.5
+    assert f"{math.sqrt(512):.1f}" == "22.6"
+    stated += ["22.6", "0.998 of the weight", "more than half of\n   the rows give it over 0.99"]
+    # 3. tiles of one query and one key: the streaming softmax, the same function
+    qq, kk, vv = (torch.randn(1, 2, 23, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    o, _ = tiled_attention_forward(qq, kk, vv, causal=True, block_q=1, block_k=1)
+    torch.testing.assert_close(o, F.scaled_dot_product_attention(qq, kk, vv, is_causal=True), **F64)
+    # 4. Performer with q, k scaled by 0.5 and by 1.5: the error falls with m only for short vectors
+    errors = {}
+    for s in (0.5, 1.5):
+        g = torch.Generator().manual_seed(20)
+        qa = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(21), dtype=torch.float64) * s
+        ka = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(22), dtype=torch.float64) * s
+        va = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(23), dtype=torch.float64)
+        exact = F.scaled_dot_product_attention(qa, ka, va)
+        errors[s] = [torch.stack([(performer_attention(qa, ka, va, n_features=m, generator=g) - exact).pow(2).mean()
+                                  for _ in range(10)]).mean().sqrt().item() for m in (4, 16, 64, 256, 1024)]
+    assert errors[0.5][0] / errors[0.5][-1] > 5 and errors[1.5][0] / errors[1.5][-1] < 1.6
+    stated += [f"falls from {errors[0.5][0]:.2f} to {errors[0.5][-1]:.3f} at scale 0.5",
+               f"only from {errors[1.5][0]:.2f} to {errors[1.5][-1]:.2f} at scale 1.5"]
+    # 5. the causal kernel's tiles at T = 4096 with 128 x 64 tiles: count them from the mask itself
+    T, bm, bn = 4096, 128, 64
+    visible = causal_mask(T).view(T // bm, bm, T // bn, bn).sum((1, 3))
+    visited, masked = int((visible > 0).sum()), int(((visible > 0) & (visible < bm * bn)).sum())
+    assert (visited, masked) == (sum(2 * r + 2 for r in range(T // bm)), 2 * (T // bm)) == (1056, 64)
+    stated += [f"{T // bm} \\times {T // bn} = {(T // bm) * (T // bn)}$ tiles", f"= {visited}",
+               f"{100 * visited / visible.numel():.1f} %", f"only {masked} need the mask"]
+    assert_states("03-attention.ipynb", stated)
+
+
+def test_chapter_3_describes_the_trained_heads_as_measured():
+    """The prose about the trained tiny GPT's heads states what the model does (recomputed here)."""
+    import numpy as np
+
+    from llmbook.data import corpus
+    from llmbook.lm.gpt import pretrained_tiny
+
+    gpt, tok = pretrained_tiny()
+    text = corpus()
+    T = gpt.config.max_seq_len
+    windows = torch.as_tensor(np.stack([tok.encode(text[s:s + T]) for s in np.linspace(0, len(text) - T, 16)
+                                        .astype(int)]), dtype=torch.long)
+    with torch.no_grad():
+        A = gpt.attention_maps(windows).double()  # (L, B, H, T, T)
+    i = torch.arange(1, T)
+    torch.testing.assert_close(A.sum(-1), torch.ones_like(A.sum(-1)), **F32)  # rows are distributions
+    assert (A.triu(1) == 0).all()  # causal
+    first, prev = A[..., 1:, 0].mean((1, 3)), A[..., i, i - 1].mean((1, 3))
+    space = (A[..., 1:, :] * torch.tensor([c == " " for c in tok.chars])[windows].double()[None, :, None, None]
+             ).sum(-1).mean((1, 3))
+    is_nl = torch.tensor([c == "\n" for c in tok.chars])[windows].double()
+    newline = (A[..., 1:, :] * is_nl[None, :, None, None]).sum(-1).mean((1, 3))
+    visible = torch.arange(2, T + 1).double()
+    uniform = (1 / visible).mean().item()
+    uniform_nl = (is_nl.cumsum(-1)[:, 1:] / visible).mean().item()
+    strong = prev[prev > 0.395]  # the previous-character heads
+    assert len(strong) == 4 and 6.5 < strong.min().item() / uniform and strong.max().item() / uniform < 9
+    assert first.max().item() < uniform  # no attention sink
+    assert 6.5 < newline.max().item() / uniform_nl < 7  # "almost seven times"
+    assert space.argmax().item() == 3 and newline.argmax().item() == 2 * 4 + 3  # layer 0 head 3; layer 2 head 3
+    stated = [f"{round(100 * strong.min().item())}–{round(100 * strong.max().item())} %",
+              f"{round(100 * first.min().item())}–{round(100 * first.max().item())} %",
+              f"({round(100 * uniform)} %)", f"Layer 0, head 3 puts {round(100 * space.max().item())} %",
+              f"Layer 2, head 3 puts {round(100 * newline.max().item())} %"]
+    assert_states("03-attention.ipynb", stated, after="### What the heads of a trained model attend to")

@@ -30,6 +30,7 @@ from llmbook.lm.blocks import (
     stochastic_depth,
 )
 from llmbook.lm.norms import LayerNorm
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-10, atol=1e-10)
@@ -358,3 +359,63 @@ def test_ffn_and_blocks_check_their_input_before_nn_linear():
     with pytest.raises(TypeError, match=r"h \(torch.float64\) must have the dtype of the PreNormBlock's parameters "
                                         r"\(torch.float32\)"):
         blk(x.double())
+
+
+# ================================================================= the chapter's Try-it solutions, its warm-up sentence
+
+
+class _ZeroBranch(nn.Module):
+    def forward(self, x, **kwargs):
+        return torch.zeros_like(x)
+
+
+def _stochastic_depth_gap(attn, mlp, N=100_000):
+    """(|exact mean - eval output|, |Monte-Carlo mean - exact mean|) of a p_survive = 0.5 pre-norm block."""
+    torch.manual_seed(0)
+    blk = PreNormBlock(16, attn(), mlp(), p_survive=0.5)
+    h = 0.1 * torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y_eval = blk.eval()(h, is_causal=True)
+        A = blk.attn(blk.norm1(h), is_causal=True)
+        exact = h + A + 0.5 * (blk.mlp(blk.norm2(h)) + blk.mlp(blk.norm2(h + 2 * A)))  # the 4 branch patterns
+        mean = blk.train()(h.expand(N, 5, 16), is_causal=True).mean(0, keepdim=True)
+    return (exact - y_eval).abs().max().item(), (mean - exact).abs().max().item()
+
+
+def test_try_it_solutions_of_chapter_2():
+    """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    from llmbook.lm import init
+    from llmbook.lm.training import TINY_GPT
+
+    stated = []
+    # 1. untying GPT-2 small; a Llama-3-70B-shaped model
+    with torch.device("meta"):
+        tied = sum(p.numel() for p in transformers.GPT2LMHeadModel(transformers.GPT2Config()).parameters())
+        untied = sum(p.numel() for p in transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(tie_word_embeddings=False)).parameters())
+    assert untied - tied == 50_257 * 768
+    blocks_70b, head = 12 * 8192 ** 2 * 80, 128_256 * 8192
+    stated += [f"{untied - tied:,}", f"{untied:,}", f"{tied:,}", f"{100 * (untied - tied) / tied:.1f} %",
+               f"{blocks_70b / 1e9:.1f} B", f"{head / 1e9:.2f} B", f"{100 * head / blocks_70b:.1f} %"]
+    # 2. stochastic depth: the training-mode mean is not the eval output; zero attention removes the gap,
+    #    a linear MLP does not (it reads the stream through LayerNorm)
+    gap, mc_error = _stochastic_depth_gap(lambda: MultiHeadAttention(16, 4), lambda: FeedForward(16, 64))
+    assert round(gap, 2) == 0.17 and mc_error < 0.005
+    linear_gap, _ = _stochastic_depth_gap(lambda: MultiHeadAttention(16, 4),
+                                          lambda: FeedForward(16, 64, activation=lambda t: t), N=2)
+    zero_gap, _ = _stochastic_depth_gap(_ZeroBranch, lambda: FeedForward(16, 64), N=2)
+    assert linear_gap > 1e-2 and zero_gap < 1e-6
+    stated += [f"{gap:.2f}", "within 0.005"]
+    # 3. the tanh depth experiment
+    m2 = {rule: init.activation_second_moments(rule, L=30, d=256, N=256, nonlinearity="tanh",
+                                               generator=torch.Generator().manual_seed(11))
+          for rule in ("he", "xavier", "small")}
+    assert init.gain("tanh") == pytest.approx(5 / 3)
+    assert max(m2["small"]) < 0.011 and m2["small"][-1] < 1e-40
+    stated += [f"{min(m2['he']):.2f}", f"{max(m2['he']):.2f}", f"{m2['he'][-1]:.2f}", f"{m2['xavier'][0]:.2f}",
+               f"{m2['xavier'][-1]:.3f}"]
+    # the warm-up sentence of the pre-norm section: the book's tiny GPT warms up over 80 of 800 steps
+    train_config = TINY_GPT[1]
+    assert (train_config.T_warm, train_config.steps) == (80, 800)
+    assert_states("02-blocks.ipynb", stated)
+    assert_states("02-blocks.ipynb", ["80 of its 800 steps"], section="all")

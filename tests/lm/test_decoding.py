@@ -27,6 +27,7 @@ from llmbook.lm.decoding import (
     top_p_filter,
     typical_filter,
 )
+from tests.try_it import assert_states
 
 SEEDS = range(5)
 B, V = 8, 50
@@ -425,3 +426,64 @@ def test_typical_filter_and_sample_on_half_precision_logits(dtype):
     tokens = sample(z, typical_p=0.9, generator=g)
     kept = torch.isfinite(typical_filter(z, 0.9))
     assert kept.gather(-1, tokens.unsqueeze(-1)).all()
+
+
+# ================================================================= the chapter's Try-it solutions
+
+
+
+def test_try_it_solutions_of_chapter_9():
+    """Every number of the chapter's Try-it solutions, computed here on the tiny GPT; the notebook must state them."""
+    from llmbook.lm import search
+    from llmbook.lm.ngram import NGramLM
+    from llmbook.lm.training import corpus_tokens
+    from llmbook.widgets import temperature as tw
+
+    model, tok = tw.tiny_gpt()
+    stated = []
+    # 1. the explorer: top-p 0.9 against min-p 0.1 at tau = 1, 2, 3; draws of characters the model gives < 1 %
+    p1 = torch.softmax(tw.next_logits().double(), -1)
+    junk = {{" ": "␣", "\n": "⏎"}.get(c, c) for c, p in zip(tok.chars, p1.tolist(), strict=True) if p < 0.01}
+    views = {(t, f): tw.temperature_view(t, f) for t in (1.0, 2.0, 3.0) for f in ("top-p 0.9", "min-p 0.1")}
+    kept = {k: v.kept for k, v in views.items()}
+    n_junk = {k: sum(c in junk for c in v.draws) for k, v in views.items()}
+    for k, v in views.items():  # the kept counts against transformers' warpers on the same logits
+        warper = TopPLogitsWarper(0.9) if k[1] == "top-p 0.9" else MinPLogitsWarper(0.1)
+        assert kept[k] == int(torch.isfinite(warper(None, tw.next_logits()[None] / k[0])).sum())
+        assert len(v.draws) == 40
+    assert kept[1.0, "top-p 0.9"] <= kept[1.0, "min-p 0.1"] + 1  # they agree at tau = 1 ...
+    assert kept[2.0, "top-p 0.9"] > 3 * kept[2.0, "min-p 0.1"]  # ... and part at tau = 2
+    stated += [f"top-p 0.9 keeps {kept[1.0, 'top-p 0.9']} characters, min-p 0.1 keeps {kept[1.0, 'min-p 0.1']}",
+               f"top-p keeps {kept[2.0, 'top-p 0.9']} of the 100 characters, min-p {kept[2.0, 'min-p 0.1']}",
+               f"{kept[3.0, 'top-p 0.9']} against {kept[3.0, 'min-p 0.1']}",
+               f"{n_junk[2.0, 'top-p 0.9']} of top-p's 40 draws", f"and {n_junk[2.0, 'min-p 0.1']} of",
+               f"{n_junk[3.0, 'top-p 0.9']} against {n_junk[3.0, 'min-p 0.1']}."]
+    # 2. beam search on the tiny GPT, widths 1 and 4, 30 characters
+    context = torch.as_tensor(tok.encode(tw.PROMPT), dtype=torch.long)
+
+    def step(seq):
+        return torch.log_softmax(model(seq[None, -64:])[0, -1].double(), -1)
+
+    with torch.no_grad():
+        h1, h4 = (search.beam_search(step, context, beam_width=w, max_len=30)[0] for w in (1, 4))
+        greedy_ids = context
+        for _ in range(30):  # oracle for width 1: the argmax, step by step
+            greedy_ids = torch.cat([greedy_ids, model(greedy_ids[None, -64:])[0, -1].argmax().reshape(1)])
+        assert torch.equal(h1.tokens, greedy_ids)
+        # oracle for the log-probabilities: the chain rule, one forward pass over the whole sequence
+        for h in (h1, h4):
+            logp = torch.log_softmax(model(h.tokens[None, :-1])[0].double(), -1)
+            chain = logp[len(context) - 1:].gather(-1, h.tokens[len(context):, None]).sum().item()
+            assert chain == pytest.approx(h.log_prob, abs=1e-4)
+    assert h4.log_prob > h1.log_prob
+    stated += [f"{h.log_prob:.2f}".replace("-", "−") for h in (h4, h1)]
+    stated += [f"“{tok.decode(h.tokens[len(context):])}”" for h in (h1, h4)]
+    # 3. speculative decoding with a uniform draft: acceptance sum_x min(p(x), 1/V), against the bigram draft
+    _, train_ids, _ = corpus_tokens()
+    q_bigram = NGramLM(order=2, vocab_size=100, alpha=0.5).fit(train_ids).next_distribution(context.tolist())
+    V = 100
+    for q in (q_bigram, torch.full((V,), 1 / V, dtype=torch.float64)):
+        beta = float((q * search.speculative_accept_prob(p1.expand(V, V), q.expand(V, V), torch.arange(V))).sum())
+        assert beta == pytest.approx(float(torch.minimum(p1, q).sum()), abs=1e-12)  # oracle: sum of min(p, q)
+        stated.append(f"{beta:.3f}")
+    assert_states("09-decoding.ipynb", stated)

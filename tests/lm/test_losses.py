@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmbook.lm.losses import focal_loss, label_smoothing_loss, reduce_loss, sigmoid_focal_loss, smoothed_targets
+from tests.try_it import assert_states
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
@@ -228,18 +229,6 @@ def test_focal_losses_reject_bad_input():
 # ================================================================= the chapter's Try-it solutions
 
 
-def _try_it_text():
-    """The markdown of the "Try it" section of book/07-losses.ipynb (None outside a source checkout)."""
-    import json
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "book" / "07-losses.ipynb"
-    if not path.exists():
-        return None
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    return text[text.index("## Try it"):]
-
 
 def test_try_it_solutions_of_chapter_7():
     """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
@@ -286,7 +275,4 @@ def test_try_it_solutions_of_chapter_7():
             assert loss == pytest.approx(math.log(B), rel=1e-6)
         assert f"{math.log(B):.4f}" == text
         stated.append(text)
-    text = _try_it_text()
-    if text is not None:
-        missing = [s for s in stated if s not in text]
-        assert not missing, f"the Try-it solutions of book/07-losses.ipynb do not state {missing}"
+    assert_states("07-losses.ipynb", stated)

@@ -38,6 +38,7 @@ from llmbook.lm.moe import (
     update_routing_bias,
 )
 from llmbook.lm.moe_layer import MoELayer
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -125,6 +126,27 @@ def test_top_k_routing_matches_mixtral_router(E, K):
     ref = torch.topk(torch.softmax(logits, -1), K, dim=-1)
     assert torch.equal(ids_raw, ref.indices)
     torch.testing.assert_close(w_raw, ref.values, **F32)
+
+
+@pytest.mark.equation("14.02", oracle="transformers NllbMoeTop2Router (GShard's top-2 gate as in fairseq)")
+@pytest.mark.parametrize("E", [3, 4, 8])  # with E = 2 the top two gates already sum to one
+def test_renormalised_top_2_is_gshards_gate(E):
+    """GShard divides its two largest gates by their sum: renormalize=True, not the raw gates (issue 13)."""
+    from transformers import NllbMoeConfig
+    from transformers.models.nllb_moe import modeling_nllb_moe
+
+    N, C = 30, 10
+    logits = 2.0 * torch.randn(N, C, generator=gen(E), dtype=torch.float64) @ torch.randn(
+        C, E, generator=gen(E + 1), dtype=torch.float64)
+    router = modeling_nllb_moe.NllbMoeTop2Router(NllbMoeConfig(
+        d_model=C, num_experts=E, expert_capacity=N, second_expert_policy="all", batch_prioritized_routing=False,
+        normalize_router_prob_before_dropping=True))  # no capacity limit, both experts always kept
+    _, gates = router.route_tokens(logits.clone(), input_dtype=torch.float64)  # (N, E), zero off the top 2
+    w, ids = top_k_routing(torch.softmax(logits, -1), 2)
+    dense = torch.zeros(N, E, dtype=torch.float64).scatter(1, ids, w)
+    torch.testing.assert_close(dense, gates, rtol=1e-6, atol=1e-6)  # its softmax runs in float32
+    w_raw, _ = top_k_routing(torch.softmax(logits, -1), 2, renormalize=False)
+    assert float((torch.zeros(N, E, dtype=torch.float64).scatter(1, ids, w_raw) - gates).abs().max()) > 0.01
 
 
 @SETTINGS
@@ -595,3 +617,50 @@ def test_capacity_beyond_int64_keeps_everything_and_bool_load_is_rejected():
     torch.testing.assert_close(capacity_mask(ids, 3, capacity), capacity_mask(ids, 3, 6), rtol=0, atol=0)
     with pytest.raises(TypeError, match="load must be a real floating-point tensor, got dtype torch.bool"):
         update_routing_bias(torch.zeros(3), torch.tensor([True, False, True]), 0.1)
+
+
+# ================================================================= the chapter's Try-it solutions
+
+
+
+def test_try_it_solutions_of_chapter_14():
+    """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    from llmbook.lm.moe_layer import simulate_routing
+
+    stated = []
+    # 1. the explorer without balancing at step 200: the capacity factor that drops nothing, and its cost
+    free = simulate_routing(balance="none")
+    busiest = int(free.load[-1].max())
+    c = Fraction(busiest * 8, 256 * 2)  # ceil(c N K / E) = busiest
+    assert (busiest, c) == (224, Fraction(7, 2))
+    assert expert_capacity(256, 8, 2, float(c)) == busiest
+    assert bool(capacity_mask(free.topk_ids, 8, busiest).all())
+    assert not bool(capacity_mask(free.topk_ids, 8, expert_capacity(256, 8, 2, 3.45)).all())
+    slots = 8 * busiest
+    assert (slots, slots - 512, round(100 * (slots - 512) / slots)) == (1792, 1280, 71)
+    stated += ["224", "$c = 3.5$", "1792", "1280", "71 %"]
+    # 2. the auxiliary loss at three strengths
+    none_imb = float(free.imbalance[-20:].mean())
+    stated += [f"{none_imb:.2f}", f"{free.main_loss[-1].item():.3f}"]
+    results = {}
+    for a in (0.01, 0.3, 3.0):
+        sim = simulate_routing(balance="aux", alpha=a)
+        results[a] = (float(sim.imbalance[-20:].mean()), float(sim.main_loss[-1]))
+        stated += [f"{results[a][0]:.2f}", f"{results[a][1]:.3f}"]
+    assert results[0.01][0] > 3.0 and max(results[0.3][0], results[3.0][0]) < 1.7  # too weak, then balanced
+    assert results[0.01][1] > free.main_loss[-1].item() > max(results[0.3][1], results[3.0][1])
+    # 3. nothing shared: a much weaker collapse
+    alone = simulate_routing(balance="none", shared=0.0)
+    start, end = float(alone.imbalance[0]), float(alone.imbalance[-20:].mean())
+    assert start < end < 2.5 < none_imb
+    stated += [f"{start:.2f}", f"{end:.2f}"]
+    # 4. a fine-grained MoE against Mixtral's layer
+    fine, mixtral = moe_param_count(4096, 1792, 64), moe_param_count(4096, 14336, 8)
+    assert fine - mixtral == 56 * 4096 == 229376
+    flops_fine, flops_mixtral = moe_flops(1, 4096, 1792, 64, 8), moe_flops(1, 4096, 1792 * 8, 8, 2)
+    assert flops_fine - 2 * 64 * 4096 == (flops_mixtral - 2 * 8 * 4096) // 2  # half the expert compute
+    assert moe_flops(1, 4096, 1792, 64, 16) - 2 * 64 * 4096 == flops_mixtral - 2 * 8 * 4096  # K = 16 matches
+    assert (math.comb(64, 8), math.comb(8, 2)) == (4426165368, 28)
+    stated += [f"{fine:,}", f"{mixtral:,}", "229{,}376", f"{flops_fine:,}", f"{flops_mixtral:,}",
+               "4{,}426{,}165{,}368", "= 28"]
+    assert_states("14-moe.ipynb", stated)

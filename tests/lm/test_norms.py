@@ -32,6 +32,7 @@ from llmbook.lm.norms import (
     variance,
     variance_naive,
 )
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -358,3 +359,33 @@ def test_deepnorm_checks_its_input():
         block([[1.0, 2.0, 3.0, 4.0]])
     with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d\) with d = 4, got \(2, 3\)"):
         block(torch.randn(2, 3))
+
+
+# ================================================================= the chapter's Try-it solutions
+
+
+def test_try_it_solutions_of_chapter_5():
+    """Every number and outcome of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    stated = []
+    # 1. a constant vector: LayerNorm gives exact zeros (NaN with eps = 0); RMSNorm gives ones, NaN only for zeros
+    c = torch.full((4,), 3.0, dtype=torch.float64)
+    assert torch.equal(layer_norm(c), torch.zeros(4, dtype=torch.float64))
+    assert torch.isnan(layer_norm(c, eps=0.0)).all()
+    assert torch.equal(rms_norm(c, eps=0.0), torch.ones(4, dtype=torch.float64))
+    assert torch.isnan(rms_norm(torch.zeros(4, dtype=torch.float64), eps=0.0)).all()
+    stated += ["$(3, 3, 3, 3)$", "$(1, 1, 1, 1)$"]
+    # 2. BatchNorm refuses one sample; GroupNorm of the same sample works, and is all zeros with G = C
+    x = torch.randn(1, 6, dtype=torch.float64)
+    message = "batch statistics need more than one value per channel, got N = 1"
+    with pytest.raises(ValueError, match=message):
+        batch_norm(x, training=True)
+    for G in (1, 2, 3):
+        y = group_norm(x[..., None], G)
+        assert torch.isfinite(y).all() and y.abs().max() > 0.5
+    assert torch.equal(group_norm(x[..., None], 6), torch.zeros(1, 6, 1, dtype=torch.float64))
+    stated += [message, "`G = C`"]
+    # 3. DeepNorm's constants for a 1000-layer decoder
+    alpha, beta = deepnorm_constants(1000)
+    assert alpha == pytest.approx(2000 ** 0.25, rel=1e-12) and beta == pytest.approx(8000 ** -0.25, rel=1e-12)
+    stated += [f"{alpha:.2f}", f"{beta:.3f}", f"{1 / beta:.1f} times smaller", "2000^{1/4}", "8000^{-1/4}"]
+    assert_states("05-normalization.ipynb", stated)

@@ -22,6 +22,7 @@ from llmbook.lm.positions import (
     sinusoidal_encoding,
     xpos_scale,
 )
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -194,3 +195,70 @@ def test_learned_positions_check_sizes_offset_and_input():
         pe(tok.tolist())
 
 
+
+
+# ================================================================= the chapter's Try-it solutions
+
+
+
+def test_try_it_solutions_of_chapter_4():
+    """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    from llmbook.lm import context_extension as cx
+    from llmbook.lm import position_bias as pb
+    from llmbook.lm.gpt import pretrained_tiny
+    from llmbook.lm.rope import apply_rope, rope_cos_sin, rope_inv_freq
+
+    stated = []
+    # 1. the explorer's model: D = 64, L_train = 2048; out-of-range pairs at s = 4 and 16
+    D, L_train = 64, 2048
+    theta = 10000.0 ** (-np.arange(0, D, 2) / D)  # float64 closed form
+    never_turned = int((2 * np.pi / theta > L_train).sum())
+    assert never_turned == 11
+    counts, worst = {}, {}
+    for method in ("none", "pi", "ntk", "yarn"):
+        for s in (4.0, 16.0):
+            inv, _ = cx.scaled_inv_freq(method, D, 10000.0, s, L_train)
+            counts[method, s] = int(cx.unseen_angle_pairs(inv, L_train, int(s * L_train)).sum())
+            slow = L_train * theta < 2 * np.pi
+            worst[method, s] = float(((s * L_train - 1) * inv.double().numpy()[slow] / (L_train * theta[slow])).max())
+    assert counts["none", 4.0] == counts["none", 16.0] == never_turned
+    assert worst["none", 4.0] == pytest.approx(4.0, rel=1e-3) and worst["none", 16.0] == pytest.approx(16.0, rel=1e-3)
+    assert counts["ntk", 4.0] == counts["ntk", 16.0] == 10
+    assert counts["pi", 4.0] == counts["pi", 16.0] == counts["yarn", 4.0] == counts["yarn", 16.0] == 0
+    stated += ["11 of the 32 pairs", "10 pairs", f"{worst['ntk', 4.0]:.2f}× at $s = 4$",
+               f"{worst['ntk', 16.0]:.2f}× at", "0 pairs out of range"]
+    assert f"{worst['ntk', 4.0]:.2f}" == "1.56" and f"{worst['ntk', 16.0]:.2f}" == "2.45"
+    # 2. ALiBi slopes for H = 6: the 4 of H = 4, then the first two odd-indexed ones of H = 8
+    s6, s4, s8 = (pb.alibi_slopes(H).tolist() for H in (6, 4, 8))
+    assert s6 == [2.0 ** -e for e in (2, 4, 6, 8, 1, 3)]
+    assert s6[:4] == s4 and s6[4:] == s8[0::2][:2]
+    stated.append("$[2^{-2}, 2^{-4}, 2^{-6}, 2^{-8}, 2^{-1}, 2^{-3}]$")
+    # 3. only the key moves: the score changes; (m, m + 5) keeps it for every m, and the norms stay
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(16, generator=g, dtype=torch.float64), torch.randn(16, generator=g, dtype=torch.float64)
+    cos, sin = rope_cos_sin(torch.arange(0, 106), 16, dtype=torch.float64)
+
+    def score(m, n):
+        return float(apply_rope(q[None], cos[m:m + 1], sin[m:m + 1])[0] @ apply_rope(k[None], cos[n:n + 1],
+                                                                                        sin[n:n + 1])[0])
+
+    assert abs(score(0, 0) - score(0, 5)) > 1e-3
+    assert all(score(m, m + 5) == pytest.approx(score(0, 5), abs=1e-12) for m in (1, 17, 100))
+    assert float(apply_rope(q[None], cos[5:6], sin[5:6]).norm()) == pytest.approx(float(q.norm()), abs=1e-12)
+    stated.append("$n - m = 5$")
+    # 4. dynamic NTK below the training length
+    assert cx.dynamic_ntk_alpha(1000, 4096, 8.0) == 1.0 == 8.0 * max(1000, 4096) / 4096 - 7
+    stated += [r"$T = \max(1000, 4096) = 4096$", r"$\alpha = 8\cdot 1 - 7 = 1$"]
+    # 5. the tiny GPT: D = 32, context 64
+    cfg = pretrained_tiny()[0].config
+    assert (cfg.head_dim, cfg.max_seq_len, cfg.rope_theta) == (32, 64, 10000.0)
+    sweep = (cfg.max_seq_len - 1) * rope_inv_freq(cfg.head_dim, cfg.rope_theta).double().numpy()
+    ref = 63 * 10.0 ** (-np.arange(16) / 4)  # 63 * 10000^(-2j/32)
+    np.testing.assert_allclose(sweep, ref, rtol=1e-6)
+    full_turn = sweep >= 2 * np.pi
+    assert full_turn.tolist() == [True] * 5 + [False] * 11
+    assert int(np.argmax(sweep < 1.0)) == 8
+    stated += ["(5 pairs; pair 4 only just",
+               f"${63} \\times {ref[4] / 63:.1f} = {ref[4]:.1f} > 2\\pi \\approx {2 * np.pi:.2f}$",
+               f"Pair 7 still turns by {ref[7]:.2f} rad", f"pair 8 by {ref[8]:.2f} rad", "from pair 8 on"]
+    assert_states("04-positions.ipynb", stated)

@@ -45,6 +45,7 @@ from llmbook.lm.probability import (
     teacher_forcing_loss,
     token_log_probs,
 )
+from tests.try_it import assert_states
 
 F32 = dict(rtol=1e-5, atol=1e-5)
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -699,3 +700,61 @@ def test_bits_per_byte_rejects_non_numbers(bad, text):
     with pytest.raises(TypeError, match=r"total_nll_nats must be a real number, " + text):
         bits_per_byte(bad, 10)
     assert bits_per_byte(math.inf, 10) == math.inf  # a byte of probability 0 costs infinitely many bits
+
+
+# ================================================================= the chapter's Try-it solutions and real models
+
+
+def test_try_it_solutions_of_chapter_1():
+    """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
+    stated = []
+    # 1. scaling the logits by s < 1 raises the entropy towards log V
+    z = torch.tensor([2.0, 1.0, 0.1, -1.0], dtype=torch.float64)
+    H1, H_half = (entropy(softmax(s * z)).item() for s in (1.0, 0.5))
+    assert H1 < H_half < math.log(4)
+    torch.testing.assert_close(softmax(z + 7.0), softmax(z), rtol=0, atol=1e-15)
+    stated += [f"{H1:.4f}", f"{H_half:.4f}", f"{math.log(4):.4f}"]
+    # 2. forward KL finite, reverse KL infinite (Q has mass where P has none); with a little mass, both finite
+    P, Q = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64), torch.tensor([0.98, 0.01, 0.01], dtype=torch.float64)
+    forward, reverse = kl_divergence(P, Q).item(), reverse_kl_divergence(P, Q).item()
+    assert forward == pytest.approx(scipy.stats.entropy(P.numpy(), Q.numpy()), rel=1e-12)
+    assert reverse == math.inf and scipy.stats.entropy(Q.numpy(), P.numpy()) == math.inf
+    P2 = torch.tensor([0.495, 0.495, 0.01], dtype=torch.float64)
+    forward2, reverse2 = kl_divergence(P2, Q).item(), reverse_kl_divergence(P2, Q).item()
+    assert reverse2 < forward2 < forward
+    stated += [f"{forward:.4f}", f"{0.5 * math.log(50):.2f}", "**infinite**", f"{forward2:.4f}", f"{reverse2:.4f}"]
+    # 3. smoothing of an order-3 byte model: held-out optimum in between, training fit best with the least smoothing
+    text = corpus()
+    split = int(0.9 * len(text))
+    train_ids, heldout_text = byte_tokens(text[:split]), text[split:split + 20_000]
+    heldout_ids, n_bytes = byte_tokens(heldout_text), len(heldout_text.encode("utf-8"))
+    alphas = [0.05, 0.5, 1, 2, 3, 5, 8, 50]
+    held, fit = {}, {}
+    for alpha in alphas:
+        m = NGramLM(order=3, vocab_size=256, alpha=alpha).fit(train_ids)
+        held[alpha] = bits_per_byte(-m.score(heldout_ids).sum().item(), n_bytes)
+        fit[alpha] = bits_per_byte(-m.score(train_ids[:20_000]).sum().item(), 20_000)
+    assert held[5] < held[0.05] and min(held, key=held.get) == 3
+    assert all(fit[a] < fit[b] for a, b in itertools.pairwise(alphas))
+    stated += [f"{held[5]:.3f}", f"{held[0.05]:.3f}", f"{held[50]:.3f}", f"{held[3]:.3f}", r"\alpha = 3"]
+    assert_states("01-probability.ipynb", stated)
+
+
+def test_vocabulary_sizes_of_chapter_1_match_transformers_configs():
+    """GPT-2's 50,257 and Llama (1, 2)'s 32,000 are transformers' config defaults; the chapter uses them."""
+    import json
+    from pathlib import Path
+
+    from transformers import GPT2Config, LlamaConfig
+
+    assert GPT2Config().vocab_size == 50_257 and LlamaConfig().vocab_size == 32_000
+    for V in (50_257, 32_000, 128_256):  # the uniform model: log V nats, perplexity V
+        logits, targets = torch.zeros(1, 3, V, dtype=torch.float64), torch.tensor([[0, V // 2, V - 1]])
+        assert nll(logits, targets, reduction="mean").item() == pytest.approx(math.log(V), rel=1e-12)
+        assert perplexity(logits, targets).item() == pytest.approx(V, rel=1e-12)
+    path = Path(__file__).resolve().parents[2] / "book" / "01-probability.ipynb"
+    if path.exists():
+        source = "".join("".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"])
+        for stated in ('("GPT-2", 50_257)', '("Llama 2", 32_000)', '("Llama 3", 128_256)', "50{,}257", "32{,}000",
+                       "128{,}256"):
+            assert stated in source, stated

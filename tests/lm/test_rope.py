@@ -27,6 +27,7 @@ from llmbook.lm.rope import (
     interleaved_to_half_weight,
     rope_cos_sin,
     rope_inv_freq,
+    rope_pair_energy,
     rope_relative_score,
     rope_rotation_matrix,
     rotate_half,
@@ -305,3 +306,36 @@ def test_rope_matrix_with_no_positions_and_scalar_kinds():
     with pytest.raises(TypeError, match=r"delta must be a real number, got '3' \(str\)"):
         rope_relative_score(q, q, "3")
     torch.testing.assert_close(rope_relative_score(q, q, torch.tensor(3)), rope_relative_score(q, q, 3), rtol=0, atol=0)
+
+
+# ================================================================= per-pair energy (chapter 4's trained-model section)
+
+
+def test_pair_energy_is_the_squared_length_of_each_pair_and_rotation_keeps_it():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    ref = np.zeros((2, 3, 5, 4))
+    xn = x.numpy()
+    for j in range(4):  # brute force: pair j is channels (j, j + D/2) in the half-split layout
+        ref[..., j] = xn[..., j] ** 2 + xn[..., j + 4] ** 2
+    np.testing.assert_allclose(rope_pair_energy(x).numpy(), ref, **F64)
+    # interleaved pairs (2j, 2j + 1)
+    inter = np.stack([xn[..., 0::2] ** 2 + xn[..., 1::2] ** 2], 0)[0]
+    np.testing.assert_allclose(rope_pair_energy(x, layout="interleaved").numpy(), inter, **F64)
+    # rotated by transformers' apply_rotary_pos_emb at positions 0..4: the energies do not change
+    cos, sin, _ = hf_cos_sin(5, 8)
+    q_rot, _ = apply_rotary_pos_emb(x.float(), x.float(), cos, sin, unsqueeze_dim=0)
+    np.testing.assert_allclose(rope_pair_energy(q_rot).numpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pair_energy_low_precision_and_bad_input():
+    big = torch.full((4,), 300.0, dtype=torch.float16)  # 300**2 + 300**2 = 180000 > fp16's 65504
+    out = rope_pair_energy(big)
+    assert out.dtype == torch.float32 and out.tolist() == [180000.0, 180000.0]
+    with pytest.raises(ValueError, match="the last dim of x \\(D\\) must be a positive even int"):
+        rope_pair_energy(torch.zeros(3))
+    assert rope_pair_energy([3, 1, 4, 2]).tolist() == [25.0, 5.0]  # integers and lists become float
+    with pytest.raises(TypeError, match="x must be"):
+        rope_pair_energy(torch.zeros(4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="layout"):
+        rope_pair_energy(torch.zeros(4), layout="paired")
