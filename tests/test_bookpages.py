@@ -38,3 +38,18 @@ def test_the_volatile_pattern_catches_what_it_should():
         assert VOLATILE.search(text), text
     for text in ["max abs diff 3e-07", "T = 512: ratio 0.91", "d_k = 64 s.t. Var = 64", "L = 3 layers"]:
         assert not VOLATILE.search(text), text
+
+
+def test_attribute_doc_comments_have_no_colon_that_napoleon_reads_as_a_type():
+    """Sphinx's napoleon reads ``#: words: more`` on a module constant as ``type: description`` and the
+    book build (-n -W) then fails on a missing class named "words"; write such comments without a colon."""
+    import re
+
+    offenders = []
+    for path in sorted((ROOT / "llmbook").rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            starts = line.startswith("#: ") and not (i and lines[i - 1].startswith("#: "))
+            if starts and re.search(r":\s", line[3:].replace("::", "")) and not re.search(r":\w+:`", line):
+                offenders.append(f"{path.relative_to(ROOT)}:{i + 1}: {line}")
+    assert not offenders, "\n".join(offenders)

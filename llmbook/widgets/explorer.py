@@ -48,9 +48,9 @@ __all__ = ["Param", "Explorer", "has_stack", "on_colab", "figure_png", "pixels_p
 
 #: Resolution of the frames (dots per inch); matches the book's static figures (``llmbook.plotting``).
 DEFAULT_DPI = 100
-#: Frames are never rendered below this resolution: a smaller ``dpi`` passed to :class:`Explorer` is raised to it.
+#: Frames are never rendered below this resolution; a smaller ``dpi`` passed to :class:`Explorer` is raised to it.
 MIN_DPI = 100
-#: Palette size of the compressed frames (``None``: full-colour RGBA PNG).
+#: Palette size of the compressed frames (``None`` keeps full-colour RGBA PNG).
 DEFAULT_COLORS = 64
 #: Widest frame (pixels) that the book's page shows at its natural size; wider frames are scaled down
 #: by the browser, shrinking their text. ``figsize[0] * dpi`` should stay within it.

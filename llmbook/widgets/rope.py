@@ -39,11 +39,11 @@ __all__ = ["METHOD_LABELS", "OFFSETS", "PAIRS", "FACTORS", "MIN_VISIBLE_ANGLE", 
 
 #: Context-extension methods offered by the widget (keys of :func:`~llmbook.lm.context_extension.scaled_inv_freq`).
 METHOD_LABELS = {"none": "none", "pi": "PI", "ntk": "NTK-aware", "yarn": "YaRN"}
-#: Static grid: 7 positions x 4 methods x 2 factors = 56 frames. Every position stays inside the target
+#: The static grid has 7 positions x 4 methods x 2 factors = 56 frames. Every position stays inside the target
 #: length 4 * 2048 of the smaller factor; at position 10 PI x16 still turns pair 0 by 0.63 rad.
 OFFSETS = [10, 50, 200, 1000, 2000, 4000, 8000]
 FACTORS = [4.0, 16.0]
-#: The pairs drawn as clock hands (for D = 64: wavelengths from 6 to about 11 000 tokens).
+#: The pairs drawn as clock hands (for D = 64 their wavelengths run from 6 to about 11 000 tokens).
 PAIRS = (0, 4, 8, 12, 16, 20, 24, 28)
 #: A rotation smaller than this (radians, about 17 degrees, away from a whole number of turns) is hard to see.
 MIN_VISIBLE_ANGLE = 0.3

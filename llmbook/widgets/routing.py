@@ -32,7 +32,7 @@ U = 0.003
 N_TOKENS = 256
 #: Training steps of every simulation.
 STEPS = 200
-#: The static explorer's grid, with E = 8, K = 2 and strength 1 fixed (3 x 3 x 3 = 27 frames): the start
+#: The static explorer's grid, with E = 8, K = 2 and strength 1 fixed (3 x 3 x 3 = 27 frames), shows the start
 #: (near balance), a step where the unbalanced router is collapsing, and the end of training ...
 SHOWN_STEPS = [1, 20, 200]
 #: ... and three capacity factors.

@@ -27,7 +27,7 @@ __all__ = ["FILTERS", "TAUS", "PROMPT", "tiny_gpt", "next_logits", "parse_filter
 
 #: Truncation rules offered by the widget, as ``"name value"`` strings.
 FILTERS = ["none", "top-k 10", "top-p 0.9", "min-p 0.1"]
-#: Temperatures on the static explorer's grid. No 0 (greedy): there every rule gives the same frame.
+#: Temperatures on the static explorer's grid. No 0 (greedy), where every rule gives the same frame.
 TAUS = [0.25, 0.5, 1.0, 2.0, 3.0]
 #: The prompt, a phrase of the corpus the model was trained on.
 PROMPT = "The return statement"
