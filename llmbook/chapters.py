@@ -64,8 +64,17 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     8: ("book/08-optimization.ipynb", ("llmbook.lm.optim", "llmbook.lm.adafactor", "llmbook.lm.schedules",
                                        "llmbook.lm.training", "llmbook.lm.memory")),
     9: ("book/09-decoding.ipynb", ("llmbook.lm.decoding", "llmbook.lm.search")),
+    10: (None, ("llmbook.lm.preference", "llmbook.lm.rlhf")),
+    11: (None, ("llmbook.lm.lora", "llmbook.lm.adapters")),
+    12: (None, ("llmbook.lm.quantization", "llmbook.lm.gptq")),
+    13: (None, ("llmbook.lm.scaling",)),
     14: ("book/14-moe.ipynb", ("llmbook.lm.moe", "llmbook.lm.moe_layer", "llmbook.kernels.moe",
                                "llmbook.kernels.moe_kernels")),
+    15: (None, ("llmbook.lm.tokenization", "llmbook.lm.word_vectors")),
+    16: (None, ("llmbook.lm.text_metrics", "llmbook.lm.eval_metrics")),
+    17: (None, ("llmbook.lm.inference", "llmbook.lm.kv_cache", "llmbook.lm.serving")),
+    18: (None, ("llmbook.lm.ssm", "llmbook.lm.recurrent")),
+    19: (None, ("llmbook.lm.calibration",)),
 }
 
 # Modules that serve several chapters and register no equation (the Triton runtime of both kernels).

@@ -558,3 +558,17 @@ add(SC + "linear_warmup", lambda m: dict(t=3.0, T_warm=10, eta_max=1e-3),
     scalars=dict(t=NONNEG, T_warm=NONNEG_INT, eta_max=NONNEG))
 add(SC + "inverse_sqrt", lambda m: dict(t=100.0, d_model=512, T_warm=4000),
     scalars=dict(t=NONNEG, d_model=POS_INT, T_warm=POS_INT))
+
+
+# --------------------------------------------------------------------------- one file per chapter
+# Later chapters keep their cases in ``tests/fuzz/cases_chNN.py`` (``from .cases import add, ...``),
+# so that chapters written side by side never edit the same file. Each is imported here, in order.
+def _load_chapter_cases() -> None:
+    import importlib
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parent.glob("cases_ch*.py")):
+        importlib.import_module(f".{path.stem}", __package__)
+
+
+_load_chapter_cases()
