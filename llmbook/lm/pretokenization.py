@@ -1,0 +1,147 @@
+r"""Pre-tokenisation for byte-level BPE: GPT-2's regex, special tokens, streaming, and GPT-2's byte alphabet.
+
+Before BPE counts pairs, the text is cut into *pre-tokens* so that no merge crosses a word boundary:
+GPT-2's pattern (:data:`GPT2_PATTERN`) yields words with their leading space, numbers, runs of
+punctuation and whitespace. Special tokens (``"<|endoftext|>"``) are cut out first and never
+pre-tokenised (:class:`SpecialSplitter`), also when the text arrives in chunks of a stream.
+:func:`gpt2_byte_to_unicode` is the printable stand-in GPT-2 and HuggingFace ``tokenizers`` use for
+each byte in their vocabulary files (a space is ``"Ġ"``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+__all__ = ["GPT2_PATTERN", "SpecialSplitter", "check_specials", "chunks_of", "gpt2_byte_to_unicode", "pretokenize",
+           "to_bytes"]
+
+#: GPT-2's pre-tokenisation pattern. It matches contractions, letters / numbers / other symbols with an
+#: optional leading space, and whitespace (a run keeps its last space for the next word, ``\s+(?!\S)``).
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Without the `regex` package (which `transformers` installs), the standard library's `re` lacks \p{..};
+# this equivalent uses [^\W\d_] for letters and \d for numbers (it differs only for rare numerals such as '²').
+_FALLBACK_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"""
+try:
+    import regex as _regex
+
+    PRETOKEN = _regex.compile(GPT2_PATTERN)
+except ImportError:  # pragma: no cover - regex ships with transformers
+    PRETOKEN = re.compile(_FALLBACK_PATTERN)
+
+CHUNK = 1 << 16  # characters a stream accumulates before it is cut into pre-tokens
+
+
+def pretokenize(text: str) -> list[str]:
+    """Cut ``text`` into GPT-2 pre-tokens (no special-token handling; see :class:`SpecialSplitter`).
+
+    >>> pretokenize("Hello, world!  It's 2024.")
+    ['Hello', ',', ' world', '!', ' ', ' It', "'s", ' 2024', '.']
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return PRETOKEN.findall(text)
+
+
+def check_specials(special_tokens) -> tuple[str, ...]:
+    """``special_tokens`` as a tuple of distinct non-empty str (a lone str is an error, not its characters)."""
+    if isinstance(special_tokens, str):
+        raise TypeError("special_tokens must be a sequence of str, got a single str; wrap it in a list")
+    out = tuple(special_tokens)
+    for s in out:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"special_tokens must be non-empty str, got {s!r}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"special_tokens must be distinct, got {list(out)}")
+    return out
+
+
+class SpecialSplitter:
+    """Text -> (piece, is_special) pairs: specials cut out first (longest first), the rest pre-tokenised."""
+
+    def __init__(self, specials: Sequence[str]):
+        self.hold = max((len(s) for s in specials), default=1) - 1
+        alternation = "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True))
+        self.special = re.compile(alternation) if specials else None
+
+    def pieces(self, text: str) -> Iterator[tuple[int, str, bool]]:
+        """(start offset, piece, is_special) for every piece of ``text``, in order."""
+        pos = 0
+        for m in self.special.finditer(text) if self.special else ():
+            for p in PRETOKEN.finditer(text, pos, m.start()):
+                yield p.start(), p.group(), False
+            yield m.start(), m.group(), True
+            pos = m.end()
+        for p in PRETOKEN.finditer(text, pos):
+            yield p.start(), p.group(), False
+
+    def stream(self, chunks: Iterable[str]) -> Iterator[tuple[str, bool]]:
+        """The pieces of ``"".join(chunks)``, holding in memory only a buffer of about ``CHUNK`` characters.
+
+        A piece is released once the text after it can no longer change it: the buffer is cut at a piece
+        start at least ``hold + 3`` characters before its end (a partial special token, or a pre-token
+        that peeks one character ahead, lies behind the cut), and never between two whitespace pieces
+        (``\\s+(?!\\S)`` reads the whole whitespace run).
+        """
+        buf = ""
+        for chunk in chunks:
+            if not isinstance(chunk, str):
+                raise TypeError(f"chunks must be str (open text files in text mode), got {type(chunk).__name__}")
+            buf += chunk
+            if len(buf) < CHUNK:
+                continue
+            pieces = list(self.pieces(buf))
+            limit, cut = len(buf) - self.hold - 3, 0
+            for k in range(len(pieces) - 1, 0, -1):
+                start, piece, _ = pieces[k]
+                if start <= limit and not (buf[start - 1].isspace() and piece.isspace()):
+                    cut = k
+                    break
+            for _, piece, special in pieces[:cut]:
+                yield piece, special
+            buf = buf[pieces[cut][0]:] if cut else buf
+        for _, piece, special in self.pieces(buf):
+            yield piece, special
+
+
+def to_bytes(piece: str) -> bytes:
+    """The UTF-8 bytes of a piece; U+DC80..U+DCFF (Python's ``surrogateescape``) stand for raw bytes."""
+    try:
+        return piece.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"text contains the lone surrogate U+{ord(piece[err.start]):04X}, which has no UTF-8 "
+                         "encoding; pass the raw bytes to encode_bytes instead") from err
+
+
+def chunks_of(corpus) -> tuple[Iterable[str], object]:
+    """(an iterable of str, a file to close or None) for a text, a path or an iterable of str."""
+    if isinstance(corpus, str):
+        return (corpus,), None
+    if isinstance(corpus, os.PathLike):
+        f = open(corpus, encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+        return iter(lambda: f.read(CHUNK), ""), f
+    if isinstance(corpus, bytes):
+        raise TypeError("corpus must be a str, a path or an iterable of str, got bytes; decode it first")
+    if isinstance(corpus, Iterable):
+        return corpus, None
+    raise TypeError(f"corpus must be a str, a path (pathlib.Path) or an iterable of str, got {type(corpus).__name__}")
+
+
+def gpt2_byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable character for each byte: printable Latin-1 bytes stand for themselves, the other 68
+    (controls, space, ...) map in order to U+0100, U+0101, ... (so a space is ``"Ġ"``, a newline ``"Ċ"``).
+
+    >>> m = gpt2_byte_to_unicode()
+    >>> m[ord("a")], m[ord(" ")], m[ord("\\n")], len(set(m.values()))
+    ('a', 'Ġ', 'Ċ', 256)
+    """
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    out, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
