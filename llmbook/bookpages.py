@@ -185,6 +185,28 @@ def _refresh_setup_cell(nb, url: str) -> None:
     raise ValueError("notebook has no code cell tagged 'setup' (the Colab install and seeding cell)")
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Merge consecutive outputs of the same stream into one, as Jupyter displays them.
+
+    How a kernel splits a cell's prints into messages depends on timing (a loaded machine flushes
+    more often), so without this the stored block count would differ between runs.
+
+    >>> import nbformat
+    >>> outs = [nbformat.v4.new_output("stream", name="stdout", text=t) for t in ("a\\n", "b\\n")]
+    >>> [o.text for o in coalesce_streams(outs)]
+    ['a\\nb\\n']
+    """
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
 def execute_notebooks(paths: list[str] | None = None, timeout: int = 900) -> int:
     """Re-execute notebooks in place so that their stored outputs are current (what nbval compares)."""
     import nbformat
@@ -202,6 +224,8 @@ def execute_notebooks(paths: list[str] | None = None, timeout: int = 900) -> int
         client.execute()
         for cell in nb.cells:  # keep stored notebooks free of volatile metadata
             cell.metadata.pop("execution", None)
+            if cell.cell_type == "code":
+                cell.outputs = coalesce_streams(cell.outputs)
         nbformat.write(nb, path)
         print(f"executed {path} in {time.perf_counter() - start:.1f} s")
     return 0

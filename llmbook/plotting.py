@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 STYLE = {
@@ -56,6 +57,9 @@ def setup_notebook(seed: int = 0) -> None:
     torch.set_printoptions(precision=4, sci_mode=False)
     np.set_printoptions(precision=4, suppress=True)
     apply_style()
+    # transformers imports bitsandbytes when it is installed, and on CPUs with AVX512-BF16 bitsandbytes logs
+    # a warning about an optional GPU-kernel package to stderr at import; it concerns nothing the book runs.
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     try:  # in a kernel: PNG figures, no timing or address in the output
         from IPython import get_ipython
 

@@ -32,6 +32,18 @@ def test_stored_outputs_have_no_stderr_progress_bars_or_timings(nb):
         assert out["output_type"] != "error", f"{nb.name} cell {i} stores an error"
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_streams_are_merged(nb):
+    """Consecutive prints of a cell are one stored block (``bookpages.coalesce_streams``): how a kernel
+    splits them into messages depends on the machine's load, so split blocks would not be reproducible."""
+    previous = None
+    for i, out in _outputs(nb):
+        here = (i, out.get("name")) if out["output_type"] == "stream" else None
+        assert here is None or here != previous, \
+            f"{nb.name} cell {i} stores its {out['name']} in several blocks (run `make notebooks`)"
+        previous = here
+
+
 def test_the_volatile_pattern_catches_what_it_should():
     for text in ["precomputing:  2%|▏ | 1/48 [00:00<00:15,  3.07it/s]", "executed in 1.3 s", "took 12.5 ms",
                  "0:00:03 elapsed"]:

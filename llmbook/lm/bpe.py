@@ -136,8 +136,9 @@ def _merge_loop_naive(words: list[tuple[int, ...]], freq: list[int], n_merges: i
 def train_bpe(corpus, n_merges: int, special_tokens: Sequence[str] = (), *, method: str = "incremental"):
     r"""Train a byte-level BPE tokenizer: ``n_merges`` times, merge :math:`\arg\max_{(a,b)} \mathrm{count}(a,b)`.
 
-    ``corpus`` is the training text, a ``str``, a path (``pathlib.Path``, read as UTF-8 in chunks, undecodable
-    bytes kept through ``surrogateescape``) or an iterable of ``str`` chunks (an open text file). ``n_merges`` is
+    ``corpus`` is the training text, a ``str`` (the text itself: a file name given as a ``str`` is an error, not
+    trained on), a path (``pathlib.Path``, read as UTF-8 in chunks, undecodable bytes kept through
+    ``surrogateescape``) or an iterable of ``str`` chunks (an open text file). ``n_merges`` is
     the most merges to learn (training stops earlier when no pair occurs twice). ``special_tokens`` are strings
     such as ``"<|endoftext|>"``, cut out of the corpus before counting and given the ids after the merges.
     ``method`` is ``"incremental"`` (counts updated per merge) or ``"naive"`` (a full recount per merge); both

@@ -115,8 +115,15 @@ def to_bytes(piece: str) -> bytes:
 
 
 def chunks_of(corpus) -> tuple[Iterable[str], object]:
-    """(an iterable of str, a file to close or None) for a text, a path or an iterable of str."""
+    """(an iterable of str, a file to close or None) for a text, a path or an iterable of str.
+
+    A ``str`` is the text itself; a short one that names an existing file is rejected (a reader who meant the
+    file would otherwise train on its name without a word).
+    """
     if isinstance(corpus, str):
+        if len(corpus) < 1024 and "\n" not in corpus and os.path.isfile(corpus):
+            raise ValueError(f"corpus is the text itself, and {corpus!r} names a file: pass pathlib.Path({corpus!r}) "
+                             "to train on the file's contents")
         return (corpus,), None
     if isinstance(corpus, os.PathLike):
         f = open(corpus, encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115

@@ -33,9 +33,9 @@ over :math:`L` tokens (the "mirage" of Schaeffer et al., 2023).
 Huber loss (:math:`\delta = 10^{-3}`) between predicted and observed log-loss, L-BFGS from the best
 points of a grid of starts.
 
->>> N, D = chinchilla_optimal(training_flops(70e9, 1.4e12), **BESIROGLU)
+>>> N, D = chinchilla_optimal(5.76e23, **BESIROGLU)   # Chinchilla's budget, the replication's constants
 >>> round(N / 1e9), round(D / 1e12, 2)
-(73, 1.34)
+(72, 1.33)
 """
 
 from __future__ import annotations
@@ -195,9 +195,9 @@ def chinchilla_optimal(C, E: float = HOFFMANN["E"], A: float = HOFFMANN["A"], B:
     ``6 * N_opt * D_opt == C``. With :math:`\alpha \approx \beta` both exponents are about 1/2.
     (Requires ``A, B > 0``.)
 
-    >>> N, D = chinchilla_optimal(5.88e23)   # Hoffmann's printed constants at Chinchilla's budget
+    >>> N, D = chinchilla_optimal(5.76e23)   # Hoffmann's printed constants at Chinchilla's budget
     >>> round(N / 1e9, 1), round(D / 1e12, 2)
-    (32.5, 3.02)
+    (32.2, 2.98)
     """
     E, A, B, alpha, beta = _law(E, A, B, alpha, beta)
     if A == 0 or B == 0:

@@ -234,11 +234,13 @@ def batching_utilization(tokens, B_max: int, steps: int) -> float:
 
 @dataclass(frozen=True)
 class BatchingRun:
-    """A schedule: per request its ``admit`` step, ``finish`` step (exclusive) and the ``occupancy`` per step."""
+    """A schedule: per request its ``admit`` step, ``finish`` step (exclusive); per step the ``occupancy``
+    and the requests ``emitted`` that produced a token in it (the token timeline)."""
 
     admit: list[int]
     finish: list[int]
     occupancy: list[int]
+    emitted: list[tuple[int, ...]]
 
     @property
     def steps(self) -> int:
@@ -268,17 +270,18 @@ def simulate_batching(lengths, B_max: int, arrivals=None, policy: str = "continu
     order = sorted(range(len(lengths)), key=lambda i: (arrivals[i], i))
     admit, finish = [-1] * len(lengths), [-1] * len(lengths)
     running: dict[int, int] = {}  # request -> steps left
-    occupancy, queue, step = [], 0, 0
+    occupancy, emitted, queue, step = [], [], 0, 0
     while queue < len(order) or running:
         if policy == "continuous" or not running:
             while len(running) < B_max and queue < len(order) and arrivals[order[queue]] <= step:
                 i = order[queue]
                 admit[i], running[i], queue = step, lengths[i], queue + 1
         occupancy.append(len(running))
+        emitted.append(tuple(sorted(running)))  # every running request emits one token this step
         for i in list(running):
             running[i] -= 1
             if running[i] == 0:
                 del running[i]
                 finish[i] = step + 1
         step += 1
-    return BatchingRun(admit, finish, occupancy)
+    return BatchingRun(admit, finish, occupancy, emitted)

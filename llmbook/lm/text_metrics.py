@@ -171,7 +171,8 @@ def bleu(hypotheses, references, N: int = 4, smooth: str = "exp", smooth_value: 
     (:math:`p_n = \epsilon/\mathrm{total}_n`, :math:`\epsilon` = ``smooth_value``, default 0.1),
     ``"add-k"`` (add :math:`k` = ``smooth_value``, default 1, to matches and totals for :math:`n\ge2`),
     ``"exp"`` (sacrebleu's default, mteval's: the :math:`i`-th zero becomes :math:`1/(2^i\,\mathrm{total}_n)`).
-    ``tokenize``: ``"13a"`` (sacrebleu's default) or ``"none"`` (split on whitespace).
+    ``tokenize``: ``"13a"`` (sacrebleu's default) or ``"none"`` (split on whitespace); as in sacrebleu, each
+    segment is lowercased (``lowercase=True``) and stripped of trailing whitespace before it is tokenised.
 
     >>> s = bleu(["the cat sat on the mat"], [["the cat sat on a mat"]])
     >>> round(s.bleu, 4), s.precisions[0], s.bp
@@ -188,8 +189,8 @@ def bleu(hypotheses, references, N: int = 4, smooth: str = "exp", smooth_value: 
     tok = tokenize_13a if tokenize == "13a" else str.split
     matches, totals, c, r = [0] * N, [0] * N, 0, 0
     for hyp, rs in zip(hyps, refs, strict=True):
-        h = tok(hyp.lower() if lowercase else hyp)
-        ts = [tok(x.lower() if lowercase else x) for x in rs]
+        h = tok((hyp.lower() if lowercase else hyp).rstrip())  # sacrebleu strips each segment's end first
+        ts = [tok((x.lower() if lowercase else x).rstrip()) for x in rs]  # (so a final "-\n" stays a "-")
         c += len(h)
         r += min((abs(len(t) - len(h)), len(t)) for t in ts)[1]
         for n in range(1, N + 1):

@@ -6,7 +6,7 @@ Two alternatives to BPE's frequency rule (:mod:`llmbook.lm.bpe`):
   scored as :math:`\mathrm{score}(a, b) = \frac{\mathrm{count}(ab)}{\mathrm{count}(a)\,\mathrm{count}(b)}`
   (:func:`wordpiece_scores`, :func:`train_wordpiece`), and encodes a word greedily, longest vocabulary
   entry first (:func:`wordpiece_encode`). Pieces inside a word carry the prefix ``##``.
-* **Unigram LM** (Kudo, 2018; SentencePiece, T5, Llama 1-2) gives each piece a probability and a
+* **Unigram LM** (Kudo, 2018; SentencePiece's default: T5, ALBERT, XLNet) gives each piece a probability and a
   segmentation the product of its pieces' probabilities, :math:`P(x) = \prod_{t \in seg(x)} p(t)`
   (:func:`unigram_log_prob`). A word is encoded by its most probable segmentation,
   :math:`seg^*(x) = \operatorname{argmax}_{s \in S(x)} \sum_{t \in s} \log p(t)`, found by dynamic

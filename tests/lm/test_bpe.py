@@ -280,6 +280,22 @@ def test_train_from_file_and_iterable(tmp_path, text):
     assert from_file.merges == from_str.merges == from_lines.merges
 
 
+def test_train_from_file_with_special_tokens(tmp_path, text, monkeypatch):
+    """Documents separated by <|endoftext|> in a file, read in small chunks so that a special token straddles
+    a chunk boundary: the same merges as the brute force on the text with the specials cut out, none of them
+    learned from a special token's characters."""
+    monkeypatch.setattr(pretokenization, "CHUNK", 97)
+    docs = [text[i:i + 1500] for i in range(0, 15_000, 1500)]
+    path = tmp_path / "docs.txt"
+    path.write_text(EOT.join(docs), encoding="utf-8")
+    tok = train_bpe(path, 120, [EOT])
+    assert merge_bytes(tok) == brute_force_merges(EOT.join(docs), 120, [EOT])[0]
+    assert not any(b"<|" in v or b"|>" in v or b"endoftext" in v for v in tok.vocab[256:tok.special_tokens[EOT]])
+    assert tok.encode(docs[0][-20:] + EOT + docs[1][:20]).count(tok.special_tokens[EOT]) == 1
+    with pytest.raises(ValueError, match="pathlib.Path"):
+        train_bpe(str(path), 10)  # a file name as a str is not silently trained on
+
+
 def test_save_load_round_trip(tmp_path, text):
     tok = train_bpe(text, 120, [EOT])
     tok.save(tmp_path / "tok.json")

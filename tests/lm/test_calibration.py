@@ -320,7 +320,8 @@ def test_chapter_prose_numbers():
     sets = cal.conformal_prediction_set(p[test], q)
     cov, size = sets[torch.arange(len(test)), y[test]].double().mean().item(), sets.sum(-1).double().mean().item()
     assert round(ece, 2) == 0.05 and round(size) == 8 and 1 / 45 < risk[len(test) // 5 - 1] < 1 / 35
-    assert_states(NOTEBOOK, ["ECE about 0.05", f"$T \\approx {T:.2f}$",
+    mce = cal.maximum_calibration_error(p[test], y[test]).item()
+    assert_states(NOTEBOOK, ["ECE about 0.05", f"MCE {mce:.2f}", f"$T \\approx {T:.2f}$",
                              f"{risk[round(0.2 * len(test)) - 1].item():.1%} at 20 % coverage".replace("%", " %", 1),
                              f"{risk[-1].item():.0%} at full coverage".replace("%", " %", 1),
                              f"coverage {cov:.2f} with about {size:.0f} characters"], section="all")

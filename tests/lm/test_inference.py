@@ -138,11 +138,14 @@ def test_c07_attention_overtakes_the_parameters_near_6d():
 @pytest.mark.equation("17.05", oracle="FlopCounterMode FLOPs of a real prefill over the flat roof min(P, BW*inf)")
 def test_prefill_latency_is_counted_flops_over_the_peak():
     model, _ = pretrained_tiny()
+    cfg = model.config
     ids = torch.randint(0, 100, (1, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         flops = _counted(lambda: model(ids))
     P = inf.H200.peak_flops
-    assert math.isclose(inf.prefill_latency(flops, P), flops / inf.roofline(math.inf, P, inf.H200.BW), rel_tol=REL)
+    # the estimate the chapter uses for Llama-2-7B: 2N per prompt token plus the attention term
+    estimate = 2 * inf.matmul_params(model) * 48 + inf.attention_flops(48, cfg.d_model, n_layers=cfg.n_layers)
+    assert math.isclose(inf.prefill_latency(estimate, P), flops / inf.roofline(math.inf, P, inf.H200.BW), rel_tol=REL)
     assert math.isclose(inf.prefill_latency(flops, P, T_overhead=1e-3) - inf.prefill_latency(flops, P), 1e-3,
                         rel_tol=1e-9)
     with pytest.raises(ValueError):
@@ -161,6 +164,27 @@ def test_decode_latency_against_the_roofline(B):
     assert math.isclose(t_sum, flops / P + nbytes / BW, rel_tol=REL)
     if B == 1:  # bandwidth-bound: the memory term is more than 100 times the compute term
         assert nbytes / BW > 100 * flops / P
+
+
+@pytest.mark.equation("17.06", oracle="FlopCounterMode FLOPs and real nbytes (weights, filled cache) of a decode step")
+@pytest.mark.parametrize("S", [1, 40])
+def test_decode_step_cost_of_a_real_cached_step(S):
+    from llmbook.lm import kv_cache as kc
+
+    model, _ = pretrained_tiny()
+    cfg = model.config
+    ids = torch.randint(0, 100, (1, S + 1), generator=torch.Generator().manual_seed(S))
+    cache = kc.KVCache.for_model(model, B=1, S_max=S + 1)
+    with torch.no_grad():
+        kc.forward_cached(model, ids[:, :S], cache)
+        read = sum(p.numel() * p.element_size() for p in model.parameters() if p.dim() == 2) + cache.used_nbytes()
+        counted = _counted(lambda: kc.forward_cached(model, ids[:, S:], cache))
+    flops, nbytes = inf.decode_step_cost(inf.matmul_params(model), 1, S, n_layers=cfg.n_layers, d=cfg.d_model,
+                                         kv_bytes_per_token=kc.kv_cache_bytes(cfg.n_layers, 1, 1, cfg.kv_heads,
+                                                                              cfg.head_dim, 4), bytes_per_param=4)
+    assert (flops, nbytes) == (counted, read)
+    P, BW = inf.H200.peak_flops, inf.H200.BW
+    assert math.isclose(inf.decode_latency(flops, nbytes, P, BW), counted / P + read / BW, rel_tol=REL)
 
 
 def _emission_times(lengths, arrivals, B_max, tau):
@@ -192,6 +216,11 @@ def test_ttft_tpot_throughput_against_a_token_timeline():
     times, steps = _emission_times(lengths, arrivals, 6, tau)
     run = simulate_batching(lengths, 6, arrivals)
     assert run.steps == steps
+    timeline = [[] for _ in lengths]  # the simulator's own token timeline against the brute-force one
+    for step, who in enumerate(run.emitted):
+        for i in who:
+            timeline[i].append((step + 1) * tau)
+    assert timeline == times and [len(w) for w in run.emitted] == run.occupancy
     for i in range(40):
         T_queue = (run.admit[i] - arrivals[i]) * tau
         assert math.isclose(inf.ttft(T_queue, tau, 0.0), times[i][0] - arrivals[i] * tau, rel_tol=REL, abs_tol=1e-15)
@@ -256,7 +285,8 @@ def test_try_it_solutions_of_chapter_17():
     assert (tok70, tok70 // 1024, ctx70 / 2**30) == (327680, 320, 1.25)
     mha_tok, mha_ctx = kc.kv_cache_bytes(80, 1, 1, 64, 128), kc.kv_cache_bytes(80, 1, 4096, 64, 128)
     assert (mha_tok / 2**20, mha_ctx / 2**30) == (2.5, 10.0)
-    stated += ["327,680 bytes", "320 KiB", "1.25 GiB", "2.5 MiB", "10 GiB"]
+    assert 8 * mha_ctx / 2**30 == 80 and 8 * mha_ctx > 141e9 / 2 and round(2 * 69e9 / 1e9) == 138
+    stated += ["327,680 bytes", "320 KiB", "1.25 GiB", "2.5 MiB", "10 GiB", "80 GiB", "138 GB"]
     # 2. where a 7B decode step meets the H200 ridge
     ai = {B: inf.arithmetic_intensity(*inf.decode_step_cost(6.74e9, B, 1024, n_layers=32, d=4096,
                                                               kv_bytes_per_token=2**19)) for B in (1, 1024, 10**9)}

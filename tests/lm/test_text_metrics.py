@@ -56,6 +56,22 @@ def test_bleu_matches_sacrebleu(smooth, tokenize, seed):
         assert ours.bp == pytest.approx(theirs.bp, abs=1e-12)
 
 
+@pytest.mark.equation("16.01", oracle="sacrebleu.corpus_bleu on segments with mteval's special cases")
+def test_bleu_matches_sacrebleu_on_line_ends_and_entities():
+    """13a joins "-\n" and drops "<skipped>", but sacrebleu strips each segment's end before tokenising."""
+    rng = random.Random(7)
+    pool = ["the", "cat", "naïve", "東京", "🙂", "&quot;", "&lt;", "-", "—", "-\n", "\n", "\t", "<skipped>", "U.S.A.",
+            "don't", "1,000", "...", " ", ""]
+    for _ in range(200):
+        hyps, refs = ([("".join(rng.choice(pool) + rng.choice([" ", ""]) for _ in range(rng.randint(0, 8))))
+                       for _ in range(3)] for _ in range(2))
+        for tokenize in ("13a", "none"):
+            ours = tm.bleu(hyps, refs, tokenize=tokenize)
+            theirs = sacrebleu.corpus_bleu(hyps, [refs], tokenize=tokenize)
+            assert (ours.c, ours.r) == (theirs.sys_len, theirs.ref_len), (hyps, refs)
+            assert 100 * ours.bleu == pytest.approx(theirs.score, abs=1e-9)
+
+
 @pytest.mark.equation("16.01", oracle="sacrebleu.BLEU(max_ngram_order, smooth_value) on real sentences")
 def test_bleu_orders_and_smooth_values():
     hyps = ["The cat sat on the mat.", "It costs $3.50, e.g. in the U.S.", "A dog runs."]
