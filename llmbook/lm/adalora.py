@@ -109,6 +109,7 @@ class AdaLoRAAllocator:
 
     @torch.no_grad()
     def update(self, layers: dict[str, AdaLoRALinear]) -> None:
+        """Fold the current gradients of every layer's triplets into the smoothed sensitivity and uncertainty."""
         for name, layer in layers.items():
             for part in ("lora_P", "lora_Lambda", "lora_Q"):
                 p, key = getattr(layer, part), f"{name}.{part}"
@@ -121,6 +122,7 @@ class AdaLoRAAllocator:
                 self.I_bar[key] = I_bar
 
     def scores(self, layers: dict[str, AdaLoRALinear]) -> dict[str, Tensor]:
+        """Each layer's per-triplet importance, shape ``(r,)``, from the smoothed statistics."""
         def s(key):
             return self.I_bar[key] * self.U_bar[key]
         return {n: s(f"{n}.lora_Lambda") + s(f"{n}.lora_Q").mean(1) + s(f"{n}.lora_P").mean(0) for n in layers}

@@ -236,7 +236,10 @@ def ia3_linear(x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_out d_in"], l: 
 
 
 class IA3Linear(nn.Module):
-    """A frozen ``nn.Linear`` with IA3's trained vector ``ia3_l`` (ones at the start); :meth:`merge` folds it in."""
+    """A frozen ``nn.Linear`` with IA3's trained vector ``ia3_l`` (ones at the start).
+
+    :meth:`merged_weight` folds the vector into the base weight.
+    """
 
     def __init__(self, base: nn.Linear, scale: str = "output"):
         super().__init__()

@@ -7,8 +7,9 @@ and repeatedly merges the most frequent adjacent pair into a new token:
 
     (a^*, b^*) = \operatorname*{argmax}_{(a, b)} \mathrm{count}(a, b)
 
-The counts run over the *pre-tokens* of the corpus (pieces cut by :data:`GPT2_PATTERN`: words with
-their leading space, numbers, punctuation runs, whitespace), so a merge never crosses a word boundary.
+The counts run over the *pre-tokens* of the corpus (pieces cut by
+:data:`~llmbook.lm.pretokenization.GPT2_PATTERN`: words with their leading space, numbers, punctuation
+runs, whitespace), so a merge never crosses a word boundary.
 Every unique pre-token is stored once with its count, and a merge updates only the counts of the
 pairs in the words that contain it (:func:`train_bpe`); ``method="naive"`` recounts every pair at
 every merge instead, for the benchmark. Ties in the count go to the pair whose bytes ``(a, b)``
@@ -189,7 +190,7 @@ class BPETokenizer:
 
     @property
     def V(self) -> int:
-        """The vocabulary size: 256 bytes + merges + special tokens."""
+        """Vocabulary size, 256 bytes + merges + special tokens."""
         return len(self.vocab)
 
     def _encode_piece(self, piece: str) -> list[int]:

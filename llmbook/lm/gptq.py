@@ -305,7 +305,7 @@ def quantize_model(model: nn.Module, method: str = "rtn", b: int = 4, calib_ids:
     r"""A copy of ``model`` whose ``nn.Linear`` weights are quantised to ``b`` bits (stored dequantised).
 
     ``method``: ``"rtn"`` round-to-nearest per output channel (:func:`~llmbook.lm.quantization.per_channel_quantize`),
-    ``"nf"`` NormalFloat in blocks of ``block_size`` (:func:`~llmbook.lm.quantization.nf4_quantize`; ``b = 4``
+    ``"nf"`` NormalFloat in blocks of ``block_size`` (:func:`~llmbook.lm.nf4.nf4_quantize`; ``b = 4``
     is NF4), ``"gptq"`` (:func:`gptq_quantize`) and ``"awq"`` (:func:`awq_quantize`), both with the per-channel
     grid of ``"rtn"`` and calibration inputs recorded on ``calib_ids`` (``(B, T)`` token ids, required for
     them) in one pass of the unquantised model. Embeddings, norms and a tied LM head stay in float, as in

@@ -53,7 +53,7 @@ class Accelerator:
         return self.peak_flops / self.BW
 
 
-#: NVIDIA H200 SXM at its vendor peaks (989 TFLOP/s dense bf16, 1979 with 2:4 sparsity; 4.8 TB/s of HBM3e).
+#: NVIDIA H200 SXM at its vendor peaks (989 TFLOP/s dense bf16, twice that with 2-of-4 sparsity; 4.8 TB/s of HBM3e).
 H200 = Accelerator("NVIDIA H200 SXM (vendor peak, dense bf16)", 989e12, 4.8e12)
 
 

@@ -246,7 +246,7 @@ class DoRALinear(LoRALinear):
         self.magnitude = nn.Parameter(torch.linalg.vector_norm(self.base.weight.detach(), dim=1))
 
     def merged_weight(self) -> Tensor:
-        r""":math:`W'`, the weight :meth:`merge` writes into the base layer."""
+        r""":math:`W'`, the weight :meth:`~llmbook.lm.lora.DoRALinear.merge` writes into the base layer."""
         V = self.base.weight + self.delta_weight()
         return V * (self.magnitude / torch.linalg.vector_norm(V, dim=1))[:, None]
 
@@ -259,6 +259,7 @@ class DoRALinear(LoRALinear):
 
     @torch.no_grad()
     def merge(self) -> None:
+        """:math:`W \\leftarrow W'` in place, keeping a copy of :math:`W` so that unmerging is exact."""
         if not self.merged:
             self._W0 = self.base.weight.clone()  # DoRA's merge is not additive: keep W to undo it exactly
             self.base.weight.copy_(self.merged_weight())

@@ -126,10 +126,11 @@ def double_quantize(x: Tensor, block_size: int = 64, block_size2: int = 256, b2:
     .. math:: q_s=Q(s),\qquad \hat x=\mathrm{dequant}\big(q_x,\ \mathrm{dequant}(q_s)\big)
 
     One float32 scale per 64 weights costs :math:`32/64 = 0.5` bit per weight. The scales are positive,
-    so their mean :math:`\mu` is subtracted first; the centred scales are absmax-quantised (:func:`absmax_quantize`)
-    in blocks of ``block_size2 = 256`` with one float32 second-level scale each: :math:`8/64 + 32/(64\cdot 256)
-    \approx 0.127` bit per weight. (``bitsandbytes`` stores the scales in its 8-bit dynamic float code; here
-    an integer grid, same memory.) :func:`double_dequantize` returns :math:`\hat x`.
+    so their mean :math:`\mu` is subtracted first; the centred scales are absmax-quantised
+    (:func:`~llmbook.lm.quantization.absmax_quantize`) in blocks of ``block_size2 = 256`` with one float32
+    second-level scale each: :math:`8/64 + 32/(64\cdot 256) \approx 0.127` bit per weight.
+    (``bitsandbytes`` stores the scales in its 8-bit dynamic float code; here an integer grid, same memory.)
+    :func:`double_dequantize` returns :math:`\hat x`.
 
     >>> dq = double_quantize(torch.randn(4, 128, generator=torch.Generator().manual_seed(0)))
     >>> tuple(dq.q.shape), tuple(dq.q_s.shape), tuple(dq.s2.shape)

@@ -12,7 +12,7 @@ of a weight matrix (:func:`per_channel_quantize`), a channel or a token of a KV 
 NormalFloat (NF4, levels at normal quantiles) and double quantisation are in :mod:`llmbook.lm.nf4`.
 
 ``round`` is round-half-to-even everywhere (``torch.round``), as in ``torch.fake_quantize_*``.
-Half-precision inputs are computed in float32 (:mod:`llmbook._precision`); integer codes are returned
+Half-precision inputs are computed in float32 (``llmbook._precision``); integer codes are returned
 as ``int64`` tensors. Names used by other chapters (QLoRA, chapter 11) and kept stable:
 :func:`absmax_quantize`, :func:`dequantize` (and the NF4 names of :mod:`llmbook.lm.nf4`, importable from here).
 """

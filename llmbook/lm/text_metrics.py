@@ -271,7 +271,7 @@ def rouge_n(candidate: str, references, n: int = 2, tokenize: str = "rouge",
 
 
 def lcs_length(a: list, b: list) -> int:
-    """Length of the longest common subsequence of two sequences (dynamic programming, O(|a| |b|)).
+    """Length of the longest common subsequence of two sequences (dynamic programming, ``O(len(a) * len(b))``).
 
     >>> lcs_length("the cat sat on the mat".split(), "the cat lay on a mat".split())
     4
