@@ -26,7 +26,7 @@ if "google.colab" in sys.modules:
     import subprocess
 
     if importlib.util.find_spec("llmbook") is None:
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "git+{url}"])
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "llmbook[book] @ git+{url}"])
 
 from llmbook.plotting import setup_notebook
 

@@ -67,3 +67,31 @@ def test_attribute_doc_comments_have_no_colon_that_napoleon_reads_as_a_type():
             if starts and re.search(r"(?<!:):(?!:)", text):
                 offenders.append(f"{path.relative_to(ROOT)}:{i + 1}: {line}")
     assert not offenders, "\n".join(offenders)
+
+
+# import name -> distribution name, where they differ
+_DISTRIBUTION = {"sklearn": "scikit-learn", "lion_pytorch": "lion-pytorch", "rouge_score": "rouge-score",
+                 "mauve": "mauve-text"}
+_INSTALLED_WITH_LLMBOOK = {"llmbook", "torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "jaxtyping", "IPython"}
+
+
+def test_the_book_extra_installs_every_package_a_notebook_imports():
+    """On Colab the set-up cell installs ``llmbook[book]``: a chapter that imports a package missing from
+    that extra would fail there at its imports cell, though it passes here."""
+    import sys
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    listed = {re.split(r"[<>=!~ \[;]", spec, maxsplit=1)[0].lower() for spec in extra["book"]}
+    missing = []
+    for nb in NOTEBOOKS:
+        for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            for name in re.findall(r"^\s*(?:from|import)\s+(\w+)", "".join(cell["source"]), re.M):
+                if name in sys.stdlib_module_names or name in _INSTALLED_WITH_LLMBOOK:
+                    continue
+                if _DISTRIBUTION.get(name, name).lower() not in listed:
+                    missing.append(f"{nb.name} imports {name}")
+    assert not missing, ("add to [project.optional-dependencies] book in pyproject.toml: "
+                         + "; ".join(sorted(set(missing))))
