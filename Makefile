@@ -68,6 +68,7 @@ book: env vendor pages
 
 notebooks: env
 	$(NB_ENV) $(BIN)/python -m llmbook notebooks
+	$(BIN)/python -m llmbook corpus  # the retrieval corpus is the book's prose: regenerate its snapshot
 
 lint: env
 	$(call timed,lint,$(BIN)/ruff check llmbook tests benchmarks book/_ext)

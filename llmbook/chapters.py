@@ -77,10 +77,10 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     17: ("book/17-inference.ipynb", ("llmbook.lm.inference", "llmbook.lm.kv_cache", "llmbook.lm.serving")),
     18: ("book/18-sequence-models.ipynb", ("llmbook.lm.ssm", "llmbook.lm.recurrent")),
     19: ("book/19-calibration.ipynb", ("llmbook.lm.calibration",)),
-    20: (None, ("llmbook.rag.similarity",)),
-    25: (None, ("llmbook.rag.ranking",)),
-    26: (None, ("llmbook.rag.metrics",)),
-    28: (None, ("llmbook.rag.diversity",)),
+    20: ("book/20-similarity.ipynb", ("llmbook.rag.similarity",)),
+    25: ("book/25-learning-to-rank.ipynb", ("llmbook.rag.ranking",)),
+    26: ("book/26-retrieval-metrics.ipynb", ("llmbook.rag.metrics",)),
+    28: ("book/28-diversity.ipynb", ("llmbook.rag.diversity",)),
 }
 
 # Modules that serve several chapters and register no equation (the Triton runtime of both kernels).

@@ -9,6 +9,7 @@ Commands::
     python -m llmbook pages                   write the generated book pages (index, status)
     python -m llmbook notebooks [PATH ...]    re-execute notebooks in place (stored outputs)
     python -m llmbook train [--out DIR]       train the book's tiny GPT (llmbook/data/tiny_gpt.pt and its log)
+    python -m llmbook corpus [--out PATH]     rewrite the snapshot of the book's prose (llmbook/data/book_corpus.jsonl)
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     p_tr = sub.add_parser("train", help="train the book's tiny GPT on the corpus (a few minutes on 2 CPU cores)")
     p_tr.add_argument("--out", help="output folder (default: the package data folder, llmbook/data)")
     p_tr.add_argument("--steps", type=int, help="train for fewer steps (a quick trial; not the committed run)")
+    p_co = sub.add_parser("corpus", help="rewrite the retrieval corpus of the book's prose from book/ (Part II)")
+    p_co.add_argument("--root", default=".", help="checkout root holding book/ (default: .)")
+    p_co.add_argument("--out", help="output file (default: the package snapshot, llmbook/data/book_corpus.jsonl)")
     args = parser.parse_args(argv)
 
     if args.command == "equations":
@@ -150,4 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         from llmbook.lm import training
 
         return training.main(args.out, args.steps)
+    if args.command == "corpus":
+        from pathlib import Path
+
+        from llmbook.rag import corpus
+
+        passages = corpus.build_corpus(args.root)
+        out = Path(args.out) if args.out else Path(corpus.__file__).parent.parent / "data" / corpus.SNAPSHOT
+        print(f"wrote {len(passages)} passages of {len({p.chapter for p in passages})} chapters to "
+              f"{corpus.write_corpus(passages, out)}")
+        return 0
     return 2  # pragma: no cover
