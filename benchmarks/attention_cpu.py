@@ -35,12 +35,9 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +46,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing llmbook
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _common import machine, median_time, save  # noqa: E402  (this folder is on sys.path)
 
 from llmbook.lm.flash import naive_attention, peak_tensor_bytes, tiled_attention_forward  # noqa: E402
 
@@ -103,16 +101,6 @@ def rss_peak(provider, B, H, T, D, block_q, block_k, threads) -> int:
            "--T", str(T), "--block-q", str(block_q), "--block-k", str(block_k), "--threads", str(threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return json.loads(out.stdout.strip().splitlines()[-1])["rss_peak_bytes"]
-
-
-def time_call(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -178,7 +166,7 @@ def main(argv=None) -> int:
         row = {"T": T}
         for p in PROVIDERS:
             fn = make_call(p, q, k, v, args.block_q, args.block_k)
-            row[p] = {"time_s": time_call(fn, args.repeats),
+            row[p] = {"time_s": median_time(fn, args.repeats)[0],
                       "rss_peak_bytes": rss_peak(p, B, H, T, args.D, args.block_q, args.block_k, args.threads)}
             if p != "sdpa":
                 row[p]["tensor_peak_bytes"] = peak_tensor_bytes(fn)[1]
@@ -199,8 +187,7 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "attention_cpu",
         "date": dt.date.today().isoformat(),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                    "threads": args.threads, "torch": torch.__version__, "python": platform.python_version()},
+        "machine": machine(threads=args.threads, torch=torch.__version__),
         "config": {"BH": B * H, "D": args.D, "causal": True, "dtype": "float32", "block_q": args.block_q,
                    "block_k": args.block_k, "repeats": args.repeats, "time": "median of perf_counter",
                    "tensor_peak_bytes": "peak live tensor bytes, PyTorch dispatcher accounting (peak_tensor_bytes)",
@@ -214,10 +201,7 @@ def main(argv=None) -> int:
         print(f"target at T = {TARGET_T}: tiled/naive time {at['ratios']['time_tiled_over_naive']:.3f} "
               f"(<= {TARGET_TIME_RATIO}: {'met' if ok else 'NOT met'}), tensor memory "
               f"{at['ratios']['tensor_bytes_tiled_over_naive']:.4f} of naive")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention_cpu.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out / "attention_cpu.png")
-    print(f"wrote {args.out / 'attention_cpu.json'} and attention_cpu.png")
+    save(result, args.out, plot)
     return 0
 
 

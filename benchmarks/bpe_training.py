@@ -35,19 +35,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
-import json
 import os
-import platform
-import statistics
 import sys
 import sysconfig
-import time
 import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing llmbook
     sys.path.insert(0, str(ROOT))
+
+from _common import machine, median_time, save  # noqa: E402  (this folder is on sys.path)
 
 from llmbook.data import corpus  # noqa: E402
 from llmbook.lm.bpe import BPETokenizer, pretokenize, train_bpe  # noqa: E402
@@ -89,15 +87,6 @@ def hf_from(tok: BPETokenizer):
     hf = Tokenizer(models.BPE(*tok.to_huggingface()))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     return hf
-
-
-def timed(fn, repeats: int):
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
 
 
 def peak_python_bytes(fn) -> int:
@@ -155,19 +144,19 @@ def main(argv=None) -> int:
     rows = []
     for n in args.merges:
         row = {"merges": n}
-        t, tok = timed(lambda n=n: train_bpe(text, n), args.repeats)
+        t, tok = median_time(lambda n=n: train_bpe(text, n), args.repeats, warmup=False)
         row["incremental"] = {"time_s": t, "peak_python_bytes": peak_python_bytes(lambda n=n: train_bpe(text, n))}
         if n <= args.naive_max:
-            t, naive = timed(lambda n=n: train_bpe(text, n, method="naive"), args.repeats)
+            t, naive = median_time(lambda n=n: train_bpe(text, n, method="naive"), args.repeats, warmup=False)
             assert naive.merges == tok.merges, "the naive and incremental trainers disagree"
             row["naive"] = {"time_s": t}
             if n == min(args.merges):
                 row["naive"]["peak_python_bytes"] = peak_python_bytes(lambda n=n: train_bpe(text, n, method="naive"))
-        t, _ = timed(lambda n=n: hf_train(text, n), args.repeats)
+        t, _ = median_time(lambda n=n: hf_train(text, n), args.repeats, warmup=False)
         row["hf"] = {"time_s": t}
         hf = hf_from(tok)
-        row["encode_s"] = {"ours": timed(lambda tok=tok: tok.encode(text), 1)[0],
-                           "hf": timed(lambda hf=hf: hf.encode(text), 1)[0]}
+        row["encode_s"] = {"ours": median_time(lambda tok=tok: tok.encode(text), 1, warmup=False)[0],
+                           "hf": median_time(lambda hf=hf: hf.encode(text), 1, warmup=False)[0]}
         ratio_naive = row["naive"]["time_s"] / row["incremental"]["time_s"] if "naive" in row else None
         row["ratios"] = {"naive_over_incremental": ratio_naive,
                          "incremental_over_hf": row["incremental"]["time_s"] / row["hf"]["time_s"]}
@@ -184,9 +173,8 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "bpe_training",
         "date": dt.date.today().isoformat(),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "tokenizers": tokenizers.__version__,
-                    "rayon_threads": os.environ.get("RAYON_NUM_THREADS", "default")},
+        "machine": machine(tokenizers=tokenizers.__version__,
+                           rayon_threads=os.environ.get("RAYON_NUM_THREADS", "default")),
         "corpus": info,
         "config": {"repeats": args.repeats, "time": "median of perf_counter over whole trainings",
                    "peak_python_bytes": "tracemalloc peak of one training (Python allocations only)",
@@ -199,10 +187,7 @@ def main(argv=None) -> int:
         result["target"] = {"merges": last["merges"], "naive_over_incremental_min": TARGET_RATIO, "met": ok}
         print(f"target at {last['merges']} merges: naive / incremental {last['ratios']['naive_over_incremental']:.1f} "
               f"(>= {TARGET_RATIO:g}: {'met' if ok else 'NOT met'})")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bpe_training.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out / "bpe_training.png")
-    print(f"wrote {args.out / 'bpe_training.json'} and bpe_training.png")
+    save(result, args.out, plot)
     return 0
 
 

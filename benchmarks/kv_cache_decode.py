@@ -26,12 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import os
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +34,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing llmbook
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from _common import machine, median_time, save  # noqa: E402  (this folder is on sys.path)
 
 from llmbook.lm.flash import peak_tensor_bytes  # noqa: E402
 from llmbook.lm.gpt import pretrained_tiny  # noqa: E402
@@ -62,16 +58,6 @@ def make_call(provider: str, model, ids, n_new: int):
     if provider == "recompute":
         return lambda: recompute(model, ids, n_new)
     raise ValueError(provider)
-
-
-def time_call(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -129,7 +115,7 @@ def main(argv=None) -> int:
         row = {"n_new": n_new}
         for p in PROVIDERS:
             fn = make_call(p, model, ids, n_new)
-            t = time_call(fn, args.repeats)
+            t = median_time(fn, args.repeats)[0]
             row[p] = {"time_s": t, "ms_per_token": 1e3 * t / n_new, "tensor_peak_bytes": peak_tensor_bytes(fn)[1]}
         c, r = row["cached"], row["recompute"]
         row["ratios"] = {"time_recompute_over_cached": r["time_s"] / c["time_s"],
@@ -141,18 +127,14 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "kv_cache_decode",
         "date": dt.date.today().isoformat(),
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                    "threads": args.threads, "torch": torch.__version__, "python": platform.python_version()},
+        "machine": machine(threads=args.threads, torch=torch.__version__),
         "config": {"model": "pretrained_tiny", "dtype": "float32", "prompt_tokens": int(ids.shape[1]),
                    "decoding": "greedy", "repeats": args.repeats, "time": "median of perf_counter over whole runs",
                    "tensor_peak_bytes": "peak live tensor bytes, PyTorch dispatcher accounting (peak_tensor_bytes)",
                    "same_tokens": True},
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kv_cache_decode.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out / "kv_cache_decode.png")
-    print(f"wrote {args.out / 'kv_cache_decode.json'} and kv_cache_decode.png")
+    save(result, args.out, plot)
     return 0
 
 
