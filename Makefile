@@ -67,8 +67,8 @@ book: env vendor pages
 	@echo "The site is in _build/html (open _build/html/index.html, or run 'make serve')."
 
 notebooks: env
+	$(BIN)/python -m llmbook corpus  # the retrieval corpus is the book's prose (and its embeddings): first, as Part II's chapters read it
 	$(NB_ENV) $(BIN)/python -m llmbook notebooks
-	$(BIN)/python -m llmbook corpus  # the retrieval corpus is the book's prose: regenerate its snapshot
 
 lint: env
 	$(call timed,lint,$(BIN)/ruff check llmbook tests benchmarks book/_ext)

@@ -78,13 +78,21 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     18: ("book/18-sequence-models.ipynb", ("llmbook.lm.ssm", "llmbook.lm.recurrent")),
     19: ("book/19-calibration.ipynb", ("llmbook.lm.calibration",)),
     20: ("book/20-similarity.ipynb", ("llmbook.rag.similarity",)),
+    21: (None, ("llmbook.rag.sparse", "llmbook.rag.language_models")),
+    22: (None, ("llmbook.rag.dense",)),
+    23: (None, ("llmbook.rag.fusion",)),
+    24: (None, ("llmbook.rag.kmeans", "llmbook.rag.ann")),
     25: ("book/25-learning-to-rank.ipynb", ("llmbook.rag.ranking",)),
     26: ("book/26-retrieval-metrics.ipynb", ("llmbook.rag.metrics",)),
+    27: (None, ("llmbook.rag.chunking",)),
     28: ("book/28-diversity.ipynb", ("llmbook.rag.diversity",)),
+    29: (None, ("llmbook.rag.rag_objectives",)),
+    30: (None, ("llmbook.rag.expansion",)),
+    31: (None, ("llmbook.rag.graph",)),
 }
 
 # Modules that serve several chapters and register no equation (the Triton runtime of both kernels).
-SHARED_MODULES = ("llmbook.kernels.runtime", "llmbook.rag.corpus")
+SHARED_MODULES = ("llmbook.kernels.runtime", "llmbook.rag.corpus", "llmbook.rag.encoder", "llmbook.rag.pipeline")
 
 CHAPTERS: dict[int, Chapter] = {
     n: Chapter(n, _part(n), *_WRITTEN.get(n, (None, ()))) for n in range(1, 44)

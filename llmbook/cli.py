@@ -10,6 +10,7 @@ Commands::
     python -m llmbook notebooks [PATH ...]    re-execute notebooks in place (stored outputs)
     python -m llmbook train [--out DIR]       train the book's tiny GPT (llmbook/data/tiny_gpt.pt and its log)
     python -m llmbook corpus [--out PATH]     rewrite the snapshot of the book's prose (llmbook/data/book_corpus.jsonl)
+                                             and the embedding cache (llmbook/data/minilm_cache.npz)
 """
 
 from __future__ import annotations
@@ -163,5 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else Path(corpus.__file__).parent.parent / "data" / corpus.SNAPSHOT
         print(f"wrote {len(passages)} passages of {len({p.chapter for p in passages})} chapters to "
               f"{corpus.write_corpus(passages, out)}")
+        if not args.out:
+            from llmbook.rag import encoder
+
+            cache = out.parent / encoder.CACHE
+            n, new = encoder.write_cache(encoder.cache_texts(passages), cache)
+            print(f"wrote {n} MiniLM embeddings ({new} newly computed) to {cache}")
         return 0
     return 2  # pragma: no cover
