@@ -78,21 +78,33 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     18: ("book/18-sequence-models.ipynb", ("llmbook.lm.ssm", "llmbook.lm.recurrent")),
     19: ("book/19-calibration.ipynb", ("llmbook.lm.calibration",)),
     20: ("book/20-similarity.ipynb", ("llmbook.rag.similarity",)),
-    21: (None, ("llmbook.rag.sparse", "llmbook.rag.language_models")),
-    22: (None, ("llmbook.rag.dense",)),
-    23: (None, ("llmbook.rag.fusion",)),
-    24: (None, ("llmbook.rag.kmeans", "llmbook.rag.ann")),
+    21: ("book/21-sparse-retrieval.ipynb", ("llmbook.rag.sparse", "llmbook.rag.language_models")),
+    22: ("book/22-dense-retrieval.ipynb", ("llmbook.rag.dense",)),
+    23: ("book/23-fusion.ipynb", ("llmbook.rag.fusion", "llmbook.rag.learned_fusion")),
+    24: ("book/24-ann.ipynb", ("llmbook.rag.kmeans", "llmbook.rag.ann", "llmbook.rag.hnsw")),
     25: ("book/25-learning-to-rank.ipynb", ("llmbook.rag.ranking",)),
     26: ("book/26-retrieval-metrics.ipynb", ("llmbook.rag.metrics",)),
-    27: (None, ("llmbook.rag.chunking",)),
+    27: ("book/27-chunking.ipynb", ("llmbook.rag.chunking", "llmbook.rag.packing")),
     28: ("book/28-diversity.ipynb", ("llmbook.rag.diversity",)),
-    29: (None, ("llmbook.rag.rag_objectives",)),
-    30: (None, ("llmbook.rag.expansion",)),
-    31: (None, ("llmbook.rag.graph",)),
+    29: ("book/29-rag-objectives.ipynb", ("llmbook.rag.rag_objectives", "llmbook.rag.ragas")),
+    30: ("book/30-query-expansion.ipynb", ("llmbook.rag.expansion",)),
+    31: ("book/31-graphrag.ipynb", ("llmbook.rag.graph", "llmbook.rag.graph_context")),
+    32: ("book/32-mdp.ipynb", ("llmbook.agents.mdp", "llmbook.agents.pomdp")),
+    33: ("book/33-td-learning.ipynb", ("llmbook.agents.td", "llmbook.agents.dqn")),
+    35: ("book/35-returns.ipynb", ("llmbook.agents.returns",)),
+    36: ("book/36-bandits.ipynb", ("llmbook.agents.bandits", "llmbook.agents.regret", "llmbook.agents.linucb",
+                                    "llmbook.agents.curiosity")),
+    37: ("book/37-planning.ipynb", ("llmbook.agents.dynamic_programming", "llmbook.agents.mcts", "llmbook.agents.mpc")),
+    38: (None, ("llmbook.agents.offline_rl",)),
+    39: (None, ("llmbook.agents.multi_agent",)),
+    41: (None, ("llmbook.agents.reward_models",)),
+    42: (None, ("llmbook.agents.memory",)),
+    43: (None, ("llmbook.agents.safety",)),
 }
 
 # Modules that serve several chapters and register no equation (the Triton runtime of both kernels).
-SHARED_MODULES = ("llmbook.kernels.runtime", "llmbook.rag.corpus", "llmbook.rag.encoder", "llmbook.rag.pipeline")
+SHARED_MODULES = ("llmbook.kernels.runtime", "llmbook.rag.corpus", "llmbook.rag.encoder", "llmbook.rag.pipeline",
+                  "llmbook.agents.envs")
 
 CHAPTERS: dict[int, Chapter] = {
     n: Chapter(n, _part(n), *_WRITTEN.get(n, (None, ()))) for n in range(1, 44)

@@ -11,6 +11,8 @@ Commands::
     python -m llmbook train [--out DIR]       train the book's tiny GPT (llmbook/data/tiny_gpt.pt and its log)
     python -m llmbook corpus [--out PATH]     rewrite the snapshot of the book's prose (llmbook/data/book_corpus.jsonl)
                                              and the embedding cache (llmbook/data/minilm_cache.npz)
+    python -m llmbook ask "what does RoPE do?" [-k 5] [--method hybrid|bm25|dense]
+                                             search the book's prose offline with Part II's pipeline
 """
 
 from __future__ import annotations
@@ -130,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p_co = sub.add_parser("corpus", help="rewrite the retrieval corpus of the book's prose from book/ (Part II)")
     p_co.add_argument("--root", default=".", help="checkout root holding book/ (default: .)")
     p_co.add_argument("--out", help="output file (default: the package snapshot, llmbook/data/book_corpus.jsonl)")
+    p_ask = sub.add_parser("ask", help="search the book's prose offline with Part II's retrieval pipeline")
+    p_ask.add_argument("question", help="a question in plain words")
+    p_ask.add_argument("-k", type=int, default=5, help="how many passages to print (default 5)")
+    p_ask.add_argument("--method", default="hybrid", choices=("hybrid", "bm25", "dense"),
+                       help="hybrid (BM25 + MiniLM, z-score fusion; default), bm25 or dense")
     args = parser.parse_args(argv)
 
     if args.command == "equations":
@@ -171,4 +178,64 @@ def main(argv: list[str] | None = None) -> int:
             n, new = encoder.write_cache(encoder.cache_texts(passages), cache)
             print(f"wrote {n} MiniLM embeddings ({new} newly computed) to {cache}")
         return 0
+    if args.command == "ask":
+        return ask(args.question, args.k, args.method)
     return 2  # pragma: no cover
+
+
+def snippet(text: str, question: str, width: int = 280) -> str:
+    """About ``width`` characters of ``text`` around the question's words: the sentences where they occur.
+
+    The window starts at a sentence boundary and is the one that holds the most distinct query terms
+    (:func:`llmbook.rag.sparse.analyze`), then the most in its first sentence; on a tie the earliest wins, so
+    a passage that matches nowhere in particular shows its opening. ``...`` marks text cut at either end.
+
+    >>> snippet("RoPE rotates pairs. " * 3 + "Attention sinks keep the first token.", "attention sinks", width=40)
+    '...Attention sinks keep the first token.'
+    """
+    import re
+
+    from llmbook.rag.sparse import analyze
+
+    flat = " ".join(text.split())
+    terms = set(analyze(question))
+    starts = [0] + [m.end() for m in re.finditer(r"[.!?:;]\s+", flat)]
+    ends = starts[1:] + [len(flat)]
+
+    def hits(a: int, b: int) -> int:
+        return len(terms.intersection(analyze(flat[a:b])))
+
+    # most query terms in the window, then in its first sentence (so the window opens on a match)
+    best = max(zip(starts, ends, strict=True), key=lambda se: (hits(se[0], se[0] + width), hits(*se)))[0]
+    piece = flat[best:best + width]
+    if best + width < len(flat):
+        piece = piece.rsplit(" ", 1)[0] + "..."
+    return ("..." if best else "") + piece
+
+
+def ask(question: str, k: int = 5, method: str = "hybrid") -> int:
+    """Print the book's best passages for ``question`` with their chapter, link, score and a snippet."""
+    import textwrap
+
+    from llmbook.rag import pipeline
+
+    try:
+        hits = pipeline.search(question, k=k, method=method)
+    except ImportError as e:  # no sentence encoder installed: say so, fall back to BM25
+        print(f"note: {e}; falling back to --method bm25", file=sys.stderr)
+        method, hits = "bm25", pipeline.search(question, k=k, method="bm25")
+    except ValueError as e:  # an empty question or k < 1: the message, not a traceback
+        print(f"llmbook ask: {e}", file=sys.stderr)
+        return 2
+    what = {"hybrid": "BM25 + MiniLM, z-score fusion", "bm25": "BM25", "dense": "MiniLM cosine"}[method]
+    print(f"{question}\n({what} over {len(pipeline.book_data().passages)} passages of the book)\n")
+    if not hits:
+        print("no passage shares a word with the question")
+    for h in hits:
+        p = h.passage
+        print(f"{h.rank:>2}. [{h.score:.3f}] chapter {p.chapter}: {p.heading}")
+        print(f"    {p.url}")
+        print(textwrap.indent(textwrap.fill(snippet(p.text, question), 96), "    "))
+    if hits:
+        print("\nlinks are pages of the built book: make book, then open _build/html/<link> (or make serve)")
+    return 0

