@@ -91,15 +91,17 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     31: ("book/31-graphrag.ipynb", ("llmbook.rag.graph", "llmbook.rag.graph_context")),
     32: ("book/32-mdp.ipynb", ("llmbook.agents.mdp", "llmbook.agents.pomdp")),
     33: ("book/33-td-learning.ipynb", ("llmbook.agents.td", "llmbook.agents.dqn")),
+    34: (None, ("llmbook.agents.policy_gradient", "llmbook.agents.continuous_control")),
     35: ("book/35-returns.ipynb", ("llmbook.agents.returns",)),
     36: ("book/36-bandits.ipynb", ("llmbook.agents.bandits", "llmbook.agents.regret", "llmbook.agents.linucb",
                                     "llmbook.agents.curiosity")),
     37: ("book/37-planning.ipynb", ("llmbook.agents.dynamic_programming", "llmbook.agents.mcts", "llmbook.agents.mpc")),
-    38: (None, ("llmbook.agents.offline_rl",)),
-    39: (None, ("llmbook.agents.multi_agent",)),
-    41: (None, ("llmbook.agents.reward_models",)),
-    42: (None, ("llmbook.agents.memory",)),
-    43: (None, ("llmbook.agents.safety",)),
+    38: ("book/38-offline-rl.ipynb", ("llmbook.agents.offline_rl",)),
+    39: ("book/39-multi-agent.ipynb", ("llmbook.agents.multi_agent", "llmbook.agents.cooperative")),
+    40: (None, ("llmbook.agents.llm_agents", "llmbook.agents.tool_env")),
+    41: ("book/41-reward-models.ipynb", ("llmbook.agents.reward_models",)),
+    42: ("book/42-memory.ipynb", ("llmbook.agents.memory", "llmbook.agents.memory_agent")),
+    43: ("book/43-safety.ipynb", ("llmbook.agents.safety",)),
 }
 
 # Modules that serve several chapters and register no equation (the Triton runtime of both kernels).

@@ -68,8 +68,8 @@ def value_iteration(P, R, gamma: float, V0=None, *, tol: float = 1e-10, max_iter
     r"""Value iteration :math:`V_{k+1}(s)=\max_a\sum_{s'}P(s'|s,a)[R(s,a,s')+\gamma V_k(s')]`.
 
     Starts from ``V0`` (default 0) and stops when :math:`\|V_{k+1}-V_k\|_\infty\le` ``tol`` (relative to
-    :math:`\max(1,\|V_{k+1}\|_\infty)`; then
-    :math:`\|V_{k+1}-V^*\|_\infty\le\gamma\,\mathrm{tol}/(1-\gamma)`), or after ``max_iter`` sweeps (``ValueError``
+    :math:`\max(1,\|V_{k+1}\|_\infty)`; with :math:`\varepsilon` that threshold,
+    :math:`\|V_{k+1}-V^*\|_\infty\le\gamma\varepsilon/(1-\gamma)`), or after ``max_iter`` sweeps (``ValueError``
     if it has not converged: with :math:`\gamma=1` a state may never reach an absorbing one).
     Returns :class:`ValueIterationResult`.
 
@@ -106,8 +106,8 @@ def policy_evaluation(P, R, pi, gamma: float, V0=None, *, tol: float = 1e-12, ma
     r"""Iterative policy evaluation :math:`V_{k+1}(s)=\sum_a\pi(a|s)\sum_{s'}P(s'|s,a)[R+\gamma V_k(s')]`.
 
     Synchronous sweeps from ``V0`` (default 0) until :math:`\|V_{k+1}-V_k\|_\infty\le` ``tol`` (relative to
-    :math:`\max(1,\|V_{k+1}\|_\infty)`); then
-    :math:`\|V_{k+1}-V^\pi\|_\infty\le\gamma\,\mathrm{tol}/(1-\gamma)`. ``pi`` ``(S, A)`` probabilities or
+    :math:`\max(1,\|V_{k+1}\|_\infty)`); with :math:`\varepsilon` that threshold,
+    :math:`\|V_{k+1}-V^\pi\|_\infty\le\gamma\varepsilon/(1-\gamma)`. ``pi`` ``(S, A)`` probabilities or
     ``(S,)`` integer actions. Returns ``V`` ``(S,)`` in the dtype of ``P``.
 
     >>> policy_evaluation(torch.ones(1, 1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.5).tolist()

@@ -168,7 +168,7 @@ class TicTacToe:
 
 @functools.cache
 def heuristic_prior(board: str, temperature: float = 1.0) -> np.ndarray:
-    """A hand-made prior over the legal moves (in :meth:`TicTacToe.moves` order): softmax of a score that
+    """A hand-made prior over the legal moves (in ``TicTacToe.moves`` order): softmax of a score that
     is 4 for a move that wins at once, 3 for one that blocks the opponent's win, 1 for the centre, 0.5 for a
     corner, 0 for an edge. A stand-in for AlphaZero's policy network."""
     me = TicTacToe.to_move(board)

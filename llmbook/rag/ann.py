@@ -67,7 +67,7 @@ def exact_search(q, x, k: int) -> tuple[Tensor, Tensor]:
 class IVFIndex:
     r"""An inverted-file index over ``x`` ``(N, D)`` with given ``centroids`` ``(nlist, D)`` (IVF-Flat).
 
-    ``lists[j]`` holds the ids of the vectors whose nearest centroid is ``j`` (24.02). :meth:`search`
+    ``lists[j]`` holds the ids of the vectors whose nearest centroid is ``j`` (24.02). ``search``
     ranks the centroids by distance to the query, scans the ``nprobe`` nearest lists exactly and
     returns the ``k`` best as ``(B, k)`` squared distances and ids (``inf`` / ``-1`` when the probed
     lists hold fewer than ``k`` vectors), the layout of faiss's ``IndexIVFFlat.search``.

@@ -22,7 +22,7 @@ scores) and :func:`dense_prf` (Rocchio on embeddings with the top-k retrieved as
 
 Conventions: vectors are the last axis; leading axes are a batch of queries. Probability vectors are
 checked to lie on the simplex up to the rounding of their dtype; fp16/bf16 inputs are computed in
-float32 and rounded once at the end (:mod:`llmbook._precision`).
+float32 and rounded once at the end (``llmbook._precision``).
 
 >>> P_w_d = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.5, 0.5]])   # two feedback documents over 3 words
 >>> P_R = relevance_model(P_w_d, torch.tensor([0.75, 0.25]))

@@ -176,7 +176,7 @@ class EntityGraph:
     A: torch.Tensor
     #: Passage-by-term incidence, (N, T) float64 0/1.
     X: torch.Tensor
-    #: Each term's home chapter: the chapter whose passages use it most often, (T,) long.
+    #: Each term's home chapter, the chapter whose passages use it most often, (T,) long.
     chapter: torch.Tensor
 
 

@@ -221,7 +221,7 @@ class AnswerItem:
 
     @property
     def answer(self) -> str:
-        """The answer text: its claims joined."""
+        """The answer text, its claims joined."""
         return " ".join(c.text for c in self.claims)
 
 
