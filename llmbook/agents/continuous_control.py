@@ -228,7 +228,8 @@ def vtrace(r: Float[Tensor, "B T"], V: Float[Tensor, "B T+1"], log_rho: Float[Te
     (``log_rho`` ``(B, T)`` is :math:`\log\pi(a_t\mid x_t)-\log\mu(a_t\mid x_t)`, learner minus actor). Computed
     backwards, :math:`v_s-V(x_s)=\delta_sV+\gamma c_s(v_{s+1}-V(x_{s+1}))`, :math:`n = T - s` (to the segment's end,
     where :math:`v_T=V(x_T)`); ``dones`` set :math:`\gamma=0` across an episode end. On-policy with
-    :math:`\bar\rho,\bar c\ge1` (:math:`\rho=c=1`) it is the n-step return of :func:`llmbook.agents.policy_gradient.a3c_target`.
+    :math:`\bar\rho,\bar c\ge1` (:math:`\rho=c=1`) it is the n-step return of
+    :func:`llmbook.agents.policy_gradient.a3c_target`.
     ``r`` ``(B, T)``, ``V`` ``(B, T + 1)`` -> ``(B, T)``.
 
     >>> vtrace(torch.tensor([[1.0]]), torch.tensor([[0.0, 2.0]]), torch.tensor([[0.0]]), gamma=0.5)
