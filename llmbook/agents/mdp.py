@@ -57,15 +57,22 @@ def _stochastic(x: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must sum to 1 over its last axis, off by {err:.3g}")
 
 
-def _model(P, R) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
-    """``P`` (S, A, S') float64 and the expected reward ``r`` (S, A) float64, and P's dtype."""
-    P = as_tensor(P, "P")
-    check_dim(P, "P", "(S, A, S')", min_dim=3, max_dim=3)
+def _transitions(P, name: str = "P") -> torch.Tensor:
+    """A checked ``(S, A, S')`` transition tensor whose rows are distributions (MDPs and POMDPs share it)."""
+    P = as_tensor(P, name)
+    check_dim(P, name, "(S, A, S')", min_dim=3, max_dim=3)
     S, A, S2 = P.shape
     if S2 != S or S == 0 or A == 0:
-        raise ValueError(f"P must be (S, A, S) with S, A >= 1, got {tuple(P.shape)}")
-    check_finite(P, "P")
-    _stochastic(P, "P")
+        raise ValueError(f"{name} must be (S, A, S) with S, A >= 1, got {tuple(P.shape)}")
+    check_finite(P, name)
+    _stochastic(P, name)
+    return P
+
+
+def _model(P, R) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    """``P`` (S, A, S') float64 and the expected reward ``r`` (S, A) float64, and P's dtype."""
+    P = _transitions(P, "P")
+    S, A, _ = P.shape
     R = as_tensor(R, "R")
     if tuple(R.shape) not in ((S, A, S), (S, A)):
         raise ValueError(f"R must be (S, A, S') = {(S, A, S)} or (S, A) = {(S, A)}, got {tuple(R.shape)}")

@@ -23,20 +23,15 @@ import torch
 
 from llmbook._checks import as_tensor, check_dim, check_finite, check_int
 from llmbook.agents.envs import TabularPOMDP
-from llmbook.agents.mdp import _gamma, _stochastic
+from llmbook.agents.mdp import _gamma, _stochastic, _transitions
 from llmbook.registry import implements
 
 __all__ = ["make_pomdp", "belief_update", "observation_probability"]
 
 
 def _tables(T, O) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: E741
-    T = as_tensor(T, "T")
-    check_dim(T, "T", "(S, A, S')", min_dim=3, max_dim=3)
-    S, A, S2 = T.shape
-    if S2 != S or S == 0 or A == 0:
-        raise ValueError(f"T must be (S, A, S) with S, A >= 1, got {tuple(T.shape)}")
-    check_finite(T, "T")
-    _stochastic(T, "T")
+    T = _transitions(T, "T")
+    S, A, _ = T.shape
     O = as_tensor(O, "O")  # noqa: E741
     check_dim(O, "O", "(A, S', Omega)", min_dim=3, max_dim=3)
     if tuple(O.shape[:2]) != (A, S) or O.shape[2] == 0:
