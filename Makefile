@@ -15,6 +15,23 @@ VENDOR := _build/vendor-static/vendor
 NPM_LOCK := book/_ext/npm
 # Notebooks record no progress bars (tqdm writes to stderr, which Colab and GitHub show).
 NB_ENV := TQDM_DISABLE=1 PYTHONHASHSEED=0
+# Another CPU code path than this machine's own (llmbook/cpu.py), to prove that no stored output depends on the
+# last bits of floating point: `make test CPU_PATH=avx2` or `make nbval CPU_PATH=generic`.
+#   avx2     what an AVX2-only CPU (an AMD Zen laptop, many cloud VMs) takes, forced on an AVX-512 machine
+#   generic  torch's plain C++ kernels, MKL's SSE2-compatible path, oneDNN at SSE4.1, OpenBLAS's Nehalem kernels
+#            and NumPy without its AVX2/AVX-512 loops: unlike any machine's own default (CI runs it)
+CPU_PATH ?=
+CPU_ENV_avx2 := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell \
+	NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL"
+CPU_ENV_generic := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41 OPENBLAS_CORETYPE=Nehalem \
+	NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4 AVX512_ICL"
+CPU_ENV := $(CPU_ENV_$(CPU_PATH))
+STAGE_SUFFIX := $(if $(CPU_PATH),-$(CPU_PATH))
+ifneq ($(CPU_PATH),)
+ifeq ($(CPU_ENV),)
+$(error CPU_PATH must be avx2 or generic (or empty: this machine's own paths), not '$(CPU_PATH)')
+endif
+endif
 # Every stage appends "stage<TAB>seconds" here; .ci/run prints the table.
 TIMINGS := _build/timings.tsv
 timed = @mkdir -p _build; s=$$(date +%s%N); $(2); rc=$$?; \
@@ -25,6 +42,7 @@ timed = @mkdir -p _build; s=$$(date +%s%N); $(2); rc=$$?; \
 help:
 	@echo "make book       build the website into _build/html (renders outputs nbval proved current, executes the rest)"
 	@echo "make test       ruff + unit tests + doctests + fuzz + nbval over book/ (both cores)"
+	@echo "make test CPU_PATH=avx2|generic   the same under another CPU code path (the outputs must not change)"
 	@echo "make notebooks  re-execute the notebooks in place (refreshes the outputs nbval compares)"
 	@echo "make serve      serve _build/html on http://127.0.0.1:8000"
 	@echo "make constraints  re-pin constraints.txt from .venv (then make notebooks)"
@@ -74,13 +92,16 @@ lint: env
 	$(call timed,lint,$(BIN)/ruff check llmbook tests benchmarks book/_ext)
 
 unit: env
-	$(call timed,unit,$(BIN)/pytest -q -n 2 --ignore=tests/site llmbook tests)
+	$(call timed,unit$(STAGE_SUFFIX),$(CPU_ENV) $(BIN)/pytest -q -n 2 --ignore=tests/site llmbook tests)
 
 # Both cores; --dist loadscope keeps each notebook's cells on one worker (one kernel per notebook).
-# llmbook.freshness writes a proof for each notebook that passes, so `make book` renders it as stored.
+# llmbook.freshness writes a proof for each notebook that passes, so `make book` renders it as stored, and
+# reports each notebook's time against the 20 s budget (LLMBOOK_NOTEBOOK_BUDGET_STRICT=1 makes it a failure).
 nbval: env
-	$(call timed,nbval,$(NB_ENV) $(BIN)/pytest -q -n 2 --dist loadscope -o addopts="-p no:cacheprovider" \
-	  -p llmbook.freshness --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book)
+	@$(CPU_ENV) $(BIN)/python -m llmbook cpu
+	$(call timed,nbval$(STAGE_SUFFIX),$(CPU_ENV) $(NB_ENV) $(BIN)/pytest -q -n 2 --dist loadscope \
+	  -o addopts="-p no:cacheprovider" -p llmbook.freshness --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg book)
 
 test: lint unit nbval
 

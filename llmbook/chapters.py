@@ -81,7 +81,7 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     21: ("book/21-sparse-retrieval.ipynb", ("llmbook.rag.sparse", "llmbook.rag.language_models")),
     22: ("book/22-dense-retrieval.ipynb", ("llmbook.rag.dense",)),
     23: ("book/23-fusion.ipynb", ("llmbook.rag.fusion", "llmbook.rag.learned_fusion")),
-    24: ("book/24-ann.ipynb", ("llmbook.rag.kmeans", "llmbook.rag.ann", "llmbook.rag.hnsw")),
+    24: ("book/24-ann.ipynb", ("llmbook.rag.kmeans", "llmbook.rag.ann", "llmbook.rag.hnsw", "llmbook.rag.scann")),
     25: ("book/25-learning-to-rank.ipynb", ("llmbook.rag.ranking",)),
     26: ("book/26-retrieval-metrics.ipynb", ("llmbook.rag.metrics",)),
     27: ("book/27-chunking.ipynb", ("llmbook.rag.chunking", "llmbook.rag.packing")),

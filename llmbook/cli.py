@@ -13,6 +13,7 @@ Commands::
                                              and the embedding cache (llmbook/data/minilm_cache.npz)
     python -m llmbook ask "what does RoPE do?" [-k 5] [--method hybrid|bm25|dense]
                                              search the book's prose offline with Part II's pipeline
+    python -m llmbook cpu                     the numerical code paths this machine's libraries take
 """
 
 from __future__ import annotations
@@ -63,7 +64,13 @@ def print_equations(query: str | None, cov, out=sys.stdout) -> int:
 
 
 def print_summary(cov, out=sys.stdout) -> int:
-    """The per-chapter table of :meth:`llmbook.coverage.Coverage.by_chapter`."""
+    """The per-chapter table of :meth:`llmbook.coverage.Coverage.by_chapter`.
+
+    Outside a checkout (an installed package) there are no tests or notebooks to read: the table gives what
+    the package itself knows, implemented equations per chapter, and says where the rest is measured.
+    """
+    if cov.tested is None and cov.shown is None:
+        return _print_installed_summary(cov, out)
     rows = cov.by_chapter()
     fmt = "{:>3}  {:<40} {:>5} {:>6} {:>6} {:>6}"
     print(fmt.format("ch", "family", "eqs", "impl", "tested", "shown"), file=out)
@@ -83,6 +90,24 @@ def print_summary(cov, out=sys.stdout) -> int:
     print(f"complete chapters (implemented, tested and shown): {', '.join(map(str, done)) or 'none'}", file=out)
     if cov.unknown_ids:
         print(f"unknown ids referenced by tests or the book: {', '.join(cov.unknown_ids)}", file=out)
+    return 0
+
+
+def _print_installed_summary(cov, out) -> int:
+    from llmbook.links import REPOSITORY_URL
+
+    rows = cov.by_chapter()
+    fmt = "{:>3}  {:<40} {:>5} {:>6}"
+    print(fmt.format("ch", "family", "eqs", "impl"), file=out)
+    for r in rows:
+        print(fmt.format(r.number, r.family[:40], r.total, r.implemented), file=out)
+    total, impl = sum(r.total for r in rows), sum(r.implemented for r in rows)
+    print(fmt.format("", "all chapters", total, impl), file=out)
+    full = [r.number for r in rows if r.total and r.implemented == r.total]
+    print(f"chapters with every equation implemented: {len(full)} of {len(rows)}", file=out)
+    print("tested and shown: not known here. The tests and the chapter notebooks are not part of the installed "
+          f"package; in a checkout ({REPOSITORY_URL}), `python -m llmbook equations --summary` reads them.",
+          file=out)
     return 0
 
 
@@ -137,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p_ask.add_argument("-k", type=int, default=5, help="how many passages to print (default 5)")
     p_ask.add_argument("--method", default="hybrid", choices=("hybrid", "bm25", "dense"),
                        help="hybrid (BM25 + MiniLM, z-score fusion; default), bm25 or dense")
+    sub.add_parser("cpu", help="the numerical code paths of torch, MKL, OpenBLAS and NumPy on this machine")
     args = parser.parse_args(argv)
 
     if args.command == "equations":
@@ -180,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "ask":
         return ask(args.question, args.k, args.method)
+    if args.command == "cpu":
+        from llmbook.cpu import describe
+
+        print(describe())
+        return 0
     return 2  # pragma: no cover
 
 
@@ -217,8 +248,12 @@ def ask(question: str, k: int = 5, method: str = "hybrid") -> int:
     """Print the book's best passages for ``question`` with their chapter, link, score and a snippet."""
     import textwrap
 
-    from llmbook.rag import pipeline
+    from llmbook.links import local_site, page_link
+    from llmbook.rag import encoder, pipeline
 
+    if method != "bm25" and isinstance(question, str) and question.strip() and encoder.needs_model([question]):
+        print("loading the MiniLM sentence encoder (all-MiniLM-L6-v2) to embed a new question: once per process, "
+              "a few seconds...", file=sys.stderr, flush=True)
     try:
         hits = pipeline.search(question, k=k, method=method)
     except ImportError as e:  # no sentence encoder installed: say so, fall back to BM25
@@ -234,8 +269,9 @@ def ask(question: str, k: int = 5, method: str = "hybrid") -> int:
     for h in hits:
         p = h.passage
         print(f"{h.rank:>2}. [{h.score:.3f}] chapter {p.chapter}: {p.heading}")
-        print(f"    {p.url}")
+        print(f"    {page_link(p.url)}")
         print(textwrap.indent(textwrap.fill(snippet(p.text, question), 96), "    "))
-    if hits:
-        print("\nlinks are pages of the built book: make book, then open _build/html/<link> (or make serve)")
+    if hits and local_site() is None:
+        print("\nlinks go to the published book; in a checkout, `make book` builds it locally and the links "
+              "then open the local pages")
     return 0

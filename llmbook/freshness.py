@@ -11,6 +11,15 @@ Python and torch versions. ``make book`` then renders the stored outputs of each
 matches the current key, and executes the others (a fresh clone, a notebook edited since the test
 run, a package change), so stale outputs can never reach the site unnoticed, and in CI, where
 ``make test`` ran first in the same tree, each notebook executes exactly once.
+
+Under a forced CPU code path (:mod:`llmbook.cpu`, ``make nbval CPU_PATH=generic``) the plugin compares and
+reports but leaves the proofs as they are: they record the run on the machine's own paths, whose times
+are the ones the budget speaks of.
+
+The plugin also reports each notebook's execution time against the chapter budget (20 s on the 2-core
+reference machine). The budget is a report: a reader's slower laptop must not fail the regression test
+for being slow. ``LLMBOOK_NOTEBOOK_BUDGET_STRICT=1`` turns an over-budget notebook into a failed run (for
+the book's own timing checks), and ``LLMBOOK_NOTEBOOK_BUDGET_S`` sets the budget.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import platform
 import time
 from pathlib import Path
 
-__all__ = ["outputs_key", "proof_path", "read_proof", "is_proven", "plan", "budget_s", "NbvalProofPlugin"]
+__all__ = ["outputs_key", "proof_path", "read_proof", "is_proven", "plan", "budget_s", "budget_is_strict",
+           "NbvalProofPlugin"]
 
 PROOFS = Path("_build") / "proofs"
 BUDGET_S = 20.0  # execution budget of one chapter notebook on the 2-core reference machine
@@ -31,6 +41,13 @@ BUDGET_S = 20.0  # execution budget of one chapter notebook on the 2-core refere
 def budget_s() -> float:
     """The per-chapter budget: ``BUDGET_S``, or ``LLMBOOK_NOTEBOOK_BUDGET_S`` on a slower machine."""
     return float(os.environ.get("LLMBOOK_NOTEBOOK_BUDGET_S", BUDGET_S))
+
+
+def budget_is_strict() -> bool:
+    """Does a notebook over the budget fail the run? Only with ``LLMBOOK_NOTEBOOK_BUDGET_STRICT=1`` (opt-in)."""
+    return os.environ.get("LLMBOOK_NOTEBOOK_BUDGET_STRICT", "0").strip().lower() in ("1", "true", "yes")
+
+
 _SKIP_DIRS = {"__pycache__", ".ipynb_checkpoints"}
 
 
@@ -129,13 +146,17 @@ class NbvalProofPlugin:
             self.failed.add(path)
 
     def over_budget(self) -> list[str]:
-        """Notebooks whose cells took longer than the budget (an nbval failure: chapters must stay fast)."""
+        """Notebooks whose cells took longer than the budget (reported; a failure only if the budget is strict)."""
         return [p for p, s in sorted(self.seconds.items()) if s > budget_s()]
 
     def pytest_sessionfinish(self, session):
-        (self.root / PROOFS).mkdir(parents=True, exist_ok=True)
-        if self.over_budget() and session is not None and session.exitstatus == 0:
+        from llmbook.cpu import forced
+
+        if self.over_budget() and budget_is_strict() and session is not None and session.exitstatus == 0:
             session.exitstatus = 1
+        if forced():  # another CPU code path: a check of portability, not the proofs' run
+            return
+        (self.root / PROOFS).mkdir(parents=True, exist_ok=True)
         for path, key in self.keys.items():
             target = proof_path(path, self.root)
             if path in self.failed or path not in self.cells:
@@ -156,8 +177,14 @@ class NbvalProofPlugin:
             verdict = "FAILED" if path in self.failed else ("OVER BUDGET" if s > budget_s() else "ok")
             tr.write_line(f"{s:6.1f} s  (wall {self.wall[path]:5.1f} s)  {self.cells.get(path, 0):3d} cells  {path}  "
                           f"{verdict}")
-        tr.write_line(f"budget: {budget_s():g} s of execution per chapter (a notebook over it fails the run); "
-                      f"proofs in {PROOFS}/")
+        rule = ("a notebook over it fails the run" if budget_is_strict()
+                else "reported only; LLMBOOK_NOTEBOOK_BUDGET_STRICT=1 makes it fail the run")
+        tr.write_line(f"budget: {budget_s():g} s of execution per chapter ({rule}); proofs in {PROOFS}/")
+        try:
+            from llmbook.cpu import describe
+        except ImportError:  # pragma: no cover
+            return
+        tr.write_line(f"CPU code paths: {describe()}")
 
 
 def pytest_configure(config):

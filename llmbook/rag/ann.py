@@ -1,4 +1,4 @@
-r"""Inverted files, product quantization and ScaNN's anisotropic score (chapter 24, ids 24.03, 24.04, 24.07).
+r"""Inverted files and product quantization (chapter 24, ids 24.03, 24.04).
 
 * **IVF** (:class:`IVFIndex`): k-means centroids (``llmbook.rag.kmeans``) cut the space into ``nlist``
   cells; each vector is stored in the inverted list of its nearest centroid (24.02). A query scans only
@@ -9,8 +9,8 @@ r"""Inverted files, product quantization and ScaNN's anisotropic score (chapter 
   centroids: ``M log2 K`` bits per vector (``M`` bytes for ``K = 256``, faiss's ``nbits = 8``). The
   *asymmetric* distance (ADC) keeps the query exact and compares it with the reconstructed database
   vector: one ``(M, K)`` table of sub-distances per query, then ``M`` table look-ups per vector.
-* **ScaNN** (24.07): inner-product search in which errors along the query direction count differently
-  from errors across it (:func:`anisotropic_score`).
+* **ScaNN** (24.07) chooses PQ codes with a loss that weighs the residual along the datapoint more than
+  across it: :mod:`llmbook.rag.scann`.
 
 Shapes: database ``x`` ``(N, D)``, queries ``(B, D)``, ``codebooks`` ``(M, K, D/M)``, ``codes``
 ``(N, M)`` int64. Squared Euclidean distances, as faiss's ``METRIC_L2`` reports them. One float dtype
@@ -30,16 +30,13 @@ from llmbook._checks import (
     check_integer_tensor,
     check_nonempty,
     check_positive_int,
-    check_range,
     check_same_dtype,
-    check_same_last_dim,
 )
 from llmbook._precision import restore_half, upcast_half
 from llmbook.rag.kmeans import _points_centroids, _sqdist, assign, lloyd
 from llmbook.registry import implements
 
-__all__ = ["IVFIndex", "anisotropic_score", "exact_search", "pq_adc", "pq_decode", "pq_distance_tables",
-           "pq_encode", "pq_train"]
+__all__ = ["IVFIndex", "exact_search", "pq_adc", "pq_decode", "pq_distance_tables", "pq_encode", "pq_train"]
 
 
 def _topk_smallest(d: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -208,48 +205,3 @@ def pq_adc(y, codes, codebooks) -> Tensor:
     B, M, _ = T.shape
     idx = codes.T[None].expand(B, M, codes.shape[0])  # (B, M, N)
     return restore_half(T.gather(2, idx).sum(1), codebooks.dtype)
-
-
-@implements("24.07")
-def anisotropic_score(q, x, lam: float = 1.0) -> Tensor:
-    r"""ScaNN-style anisotropic score :math:`q^\top x-\lambda\|x-q_{proj}\|^2` (24.07): ``(B, N)``.
-
-    ``q`` ``(B, D)`` queries, ``x`` ``(N, D)`` database vectors (in ScaNN, their quantized versions),
-    ``lam`` :math:`\lambda \ge 0`. :math:`q_{proj}=\frac{q^\top x}{\|q\|^2}q` is the projection of ``x``
-    onto the query direction, so :math:`\|x-q_{proj}\|^2=\|x\|^2-(q^\top x)^2/\|q\|^2` is the part of
-    ``x`` orthogonal to ``q`` (computed from the difference, never by that subtraction). The inner
-    product sees only the parallel part; the penalty weighs the orthogonal part separately, which is
-    ScaNN's point: quantization error along a vector's direction changes inner products far more than
-    error across it, so the two parts deserve different weights (Guo et al. 2020). A zero query has no
-    direction: its projection is taken as 0, and the score is :math:`-\lambda\|x\|^2`.
-
-    >>> anisotropic_score(torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 1.0], [0.0, 3.0]]), lam=0.5)
-    tensor([[ 1.5000, -4.5000]])
-    """
-    q, x = as_tensor(q, "q"), as_tensor(x, "x")
-    check_same_dtype(q, x, "q", "x")
-    check_dim(q, "q", "(B, D)", min_dim=2, max_dim=2)
-    check_dim(x, "x", "(N, D)", min_dim=2, max_dim=2)
-    check_same_last_dim(q, x, "q", "x", "D")
-    check_finite(q, "q")
-    check_finite(x, "x")
-    lam = check_range(lam, "lam", 0.0)
-    dtype = q.dtype
-    q, x = upcast_half(q), upcast_half(x)
-    # scale both by powers of two so that products and squares cannot overflow; undo at the end
-    tiny = torch.finfo(q.dtype).tiny
-
-    def scale(t: Tensor) -> Tensor:
-        peak = t.abs().amax().clamp_min(tiny) if t.numel() else torch.ones((), dtype=t.dtype)
-        return torch.exp2(torch.frexp(peak)[1].to(t.dtype))
-
-    sq, sx = scale(q), scale(x)
-    qn, xn = q / sq, x / sx
-    ip = qn @ xn.T  # (B, N) in units of sq sx
-    qq = qn.square().sum(-1, keepdim=True)  # (B, 1)
-    coef = torch.where(qq > 0, ip / torch.where(qq > 0, qq, 1), 0)  # (B, N): q_proj = coef * qn (units sx)
-    orth = (xn[None] - coef[..., None] * qn[:, None]).square().sum(-1)  # (B, N), units sx^2
-    # combine in float64: each term may exceed the input dtype's range while their difference does not
-    s = (sq * sx).double()
-    score = ip.double() * s - lam * orth.double() * sx.double() ** 2 if lam else ip.double() * s
-    return restore_half(score.to(q.dtype), dtype)

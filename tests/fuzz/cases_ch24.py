@@ -1,4 +1,4 @@
-"""Fuzz cases of chapter 24 (ANN): ``llmbook.rag.kmeans``, ``llmbook.rag.ann``, ``llmbook.rag.hnsw``.
+"""Fuzz cases of chapter 24 (ANN): ``llmbook.rag.kmeans``, ``ann``, ``hnsw`` and ``scann``.
 
 Sizes: ``N = T`` database vectors, ``K`` centroids, ``B`` queries, ``D`` coordinates (PQ: ``M = 2``
 sub-vectors of ``D`` coordinates each). Assignments and codes are argmins: in fp16/bf16 two centroids
@@ -9,7 +9,7 @@ import torch
 
 from .cases import NONNEG, POS, add
 
-KM, AN, HN = "llmbook.rag.kmeans:", "llmbook.rag.ann:", "llmbook.rag.hnsw:"
+KM, AN, HN, SC = "llmbook.rag.kmeans:", "llmbook.rag.ann:", "llmbook.rag.hnsw:", "llmbook.rag.scann:"
 ARGMIN = "an argmin over distances: near-equal distances may order differently in float32 and float64"
 
 
@@ -27,8 +27,8 @@ add(KM + "assign", _xc, lowp_int_reason=ARGMIN)
 add(AN + "pq_encode", lambda m: dict(x=m.f(m.s.T, 2 * m.s.D), codebooks=m.f(2, m.s.K, m.s.D)),
     lowp_int_reason=ARGMIN)
 add(AN + "pq_adc", _adc)
-add(AN + "anisotropic_score", lambda m: dict(q=m.f(m.s.B, m.s.D), x=m.f(m.s.T, m.s.D), lam=0.5),
-    scalars=dict(lam=NONNEG))
+add(SC + "anisotropic_loss", lambda m: dict(x=m.f(m.s.T, m.s.D), x_tilde=m.f(m.s.T, m.s.D), h_par=4.0, h_perp=1.0),
+    scalars=dict(h_par=NONNEG, h_perp=NONNEG))
 add(HN + "greedy_step", lambda m: dict(q=m.f(m.s.D), x=m.f(m.s.T, m.s.D), neighbors=torch.arange(m.s.T)),
     lowp_int_reason=ARGMIN)
 add(HN + "level_probability", lambda m: dict(l=m.f(m.s.T).abs(), lam=0.5), scalars=dict(lam=POS))

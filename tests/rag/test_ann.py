@@ -1,12 +1,10 @@
-"""Chapter 24, IVF, PQ and ScaNN's score (ids 24.03, 24.04, 24.07) against faiss and float64 closed forms.
+"""Chapter 24, IVF and PQ (ids 24.03, 24.04) against faiss and float64 closed forms (ScaNN: test_scann.py).
 
 Tolerances: PQ codes against faiss (float32) equal wherever the nearest and second-nearest sub-centroid
 are apart by more than 1e-4 relative (ties in float32 rounding are the only legal difference; at least
 99% of the codes qualify); ADC distances against faiss's ``IndexPQ.search`` and
 ``compute_distance_tables``: ``rtol = 1e-5`` (float32 sums of 8 terms); against the float64 closed
-form ``||y - decode(codes)||^2``: ``rtol = 1e-12``. The anisotropic score in float64 against a
-per-pair numpy loop: ``rtol = 1e-12`` (``atol = 1e-12`` for values near 0); float32 at magnitude 1e20
-against the float64 reference: ``rtol = 1e-5``.
+form ``||y - decode(codes)||^2``: ``rtol = 1e-12``.
 """
 
 import numpy as np
@@ -119,32 +117,6 @@ def test_pq_train_beats_its_start():
         ann.pq_train(x, M=3, K=4)
 
 
-def anisotropic_loop(q, x, lam):
-    out = np.zeros((len(q), len(x)))
-    for b, qb in enumerate(q):
-        for n, xn in enumerate(x):
-            ip = float(qb @ xn)
-            proj = ip / float(qb @ qb) * qb if float(qb @ qb) > 0 else 0 * qb
-            out[b, n] = ip - lam * float(((xn - proj) ** 2).sum())
-    return out
-
-
-@pytest.mark.equation("24.07", oracle="float64 numpy loop of q.x - lam ||x - (q.x/||q||^2) q||^2")
-def test_anisotropic_score_closed_form():
-    rng = np.random.default_rng(0)
-    q, x = rng.normal(size=(5, 12)), rng.normal(size=(9, 12))
-    q[0] = 0.0  # a zero query: projection 0
-    for lam in (0.0, 0.3, 2.0):
-        np.testing.assert_allclose(ann.anisotropic_score(torch.from_numpy(q), torch.from_numpy(x), lam).numpy(),
-                                   anisotropic_loop(q, x, lam), rtol=1e-12, atol=1e-12)
-    # float32 far from 1: scaled internally, no overflow, no cancellation beyond float32's
-    big = ann.anisotropic_score(torch.from_numpy(q * 1e10).float(), torch.from_numpy(x * 1e10).float(), 0.5)
-    np.testing.assert_allclose(big.double().numpy(), anisotropic_loop(q * 1e10, x * 1e10, 0.5), rtol=1e-5, atol=1e15)
-    # x parallel to q: no penalty at all, whatever lam
-    s = ann.anisotropic_score(torch.tensor([[1.0, 2.0]]), torch.tensor([[2.0, 4.0]]), lam=10.0)
-    assert s.item() == pytest.approx(10.0, abs=1e-6)
-
-
 def test_errors():
     C = torch.zeros(2, 4, 3)
     with pytest.raises(ValueError, match="D = 5"):
@@ -153,8 +125,6 @@ def test_errors():
         ann.pq_adc(torch.zeros(1, 6), torch.tensor([[0, 4]]), C)
     with pytest.raises(TypeError):
         ann.pq_adc(torch.zeros(1, 6), torch.zeros(1, 2), C)
-    with pytest.raises(ValueError, match="lam"):
-        ann.anisotropic_score(torch.zeros(1, 2), torch.zeros(1, 2), -1.0)
     idx = ann.IVFIndex(torch.zeros(4, 2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="nprobe"):
         idx.search(torch.zeros(1, 2), 1, nprobe=3)

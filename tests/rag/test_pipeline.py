@@ -95,6 +95,7 @@ def test_ask_runs_offline_on_a_new_question(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.lstrip().startswith(("1.", "2.", "3."))]
     assert len(lines) == 3 and "chapter 4:" in out.stdout, out.stdout
+    assert out.stderr.count("loading the MiniLM sentence encoder") == 1  # the reader is told why it takes seconds
 
 
 def test_snippet_shows_the_sentences_with_the_question_words():
@@ -114,7 +115,23 @@ def test_ask_prints_rank_link_and_a_matching_snippet(capsys):
     q = pipeline.book_data().queries[9]
     assert cli.ask(q.text, k=2) == 0
     out = capsys.readouterr().out
-    assert " 1. [" in out and " 2. [" in out and ".html#" in out and "_build/html" in out
+    assert " 1. [" in out and " 2. [" in out and ".html#" in out
+    from llmbook.links import local_site, site_url
+
+    # a link that opens: the checkout's built site when there is one, else the published site
+    assert ("    file://" in out and "/_build/html/book/" in out) if local_site() else f"    {site_url()}book/" in out
     body = out.split("\n 1. [", 1)[1].lower()
     assert any(t in body for t in pipeline.analyze(q.text)), out
     assert cli.ask("   ") == 2 and "non-empty" in capsys.readouterr().err  # a message, not a traceback
+
+
+def test_ask_outside_a_checkout_prints_links_to_the_published_site(capsys, monkeypatch):
+    from llmbook import cli, registry
+    from llmbook.links import site_url
+
+    monkeypatch.setattr(registry, "repo_root", lambda: None)  # an installed package: no _build/ to open
+    q = pipeline.book_data().queries[9]
+    assert cli.ask(q.text, k=1) == 0
+    out = capsys.readouterr()
+    assert f"    {site_url()}book/" in out.out and "make book" in out.out
+    assert "loading" not in out.err  # a labelled question is cached: no model to load
