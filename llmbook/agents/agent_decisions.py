@@ -40,12 +40,21 @@ def _labels(y, name: str) -> Tensor:
     return t.long()
 
 
-def _counts(y: Tensor, w: Tensor, num_classes: int | None) -> Tensor:
-    C = int(y.max()) + 1 if num_classes is None and y.numel() else (num_classes or 1)
-    if y.numel() and y.max() >= C:
-        raise ValueError(f"answer ids must be < num_classes = {C}, got {y.max().item()}")
-    out = torch.zeros(y.shape[0], C, dtype=w.dtype)
-    return out.scatter_add_(1, y, w)
+def _vote(y: Tensor, w: Tensor, num_classes: int | None) -> Tensor:
+    """The id with the largest total weight in each row of ``y`` (ties: the smallest id), ``(B,)`` long.
+
+    The weights are summed per *distinct* id (``torch.unique`` sorts them), so the work does not grow with
+    the size of the ids: an answer id of 10**12 costs what an id of 3 does.
+    """
+    if num_classes is not None:
+        num_classes = check_int(num_classes, "num_classes", low=1)
+        if y.numel() and y.max() >= num_classes:
+            raise ValueError(f"answer ids must be < num_classes = {num_classes}, got {y.max().item()}")
+    if y.numel() == 0:
+        return torch.zeros(y.shape[0], dtype=torch.long)
+    ids, slot = torch.unique(y, sorted=True, return_inverse=True)  # ids ascending: the first maximum is the smallest
+    totals = torch.zeros(y.shape[0], len(ids), dtype=w.dtype).scatter_add_(1, slot, w)
+    return ids[totals.argmax(-1)]
 
 
 @implements("40.06")
@@ -60,7 +69,7 @@ def majority_vote(y: Tensor, num_classes: int | None = None) -> Tensor:
     y = _labels(y, "y")
     if y.shape[1] == 0:
         raise ValueError("y needs at least one sampled answer (N >= 1)")
-    return _counts(y, torch.ones(y.shape, dtype=torch.float64), num_classes).argmax(-1)
+    return _vote(y, torch.ones(y.shape, dtype=torch.float64), num_classes)
 
 
 @implements("40.07")
@@ -78,7 +87,7 @@ def weighted_vote(y: Tensor, w: Tensor, num_classes: int | None = None) -> Tenso
     check_same_shape(y, w, "y", "w")
     if y.shape[1] == 0:
         raise ValueError("y needs at least one sampled answer (N >= 1)")
-    return _counts(y, w.to(torch.float64), num_classes).argmax(-1)
+    return _vote(y, w.to(torch.float64), num_classes)
 
 
 def majority_vote_accuracy(probs, N: int) -> float:
