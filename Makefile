@@ -19,7 +19,8 @@ NB_ENV := TQDM_DISABLE=1 PYTHONHASHSEED=0
 # last bits of floating point: `make test CPU_PATH=avx2` or `make nbval CPU_PATH=generic`.
 #   avx2     what an AVX2-only CPU (an AMD Zen laptop, many cloud VMs) takes, forced on an AVX-512 machine
 #   generic  torch's plain C++ kernels, MKL's SSE2-compatible path, oneDNN at SSE4.1, OpenBLAS's Nehalem kernels
-#            and NumPy without its AVX2/AVX-512 loops: unlike any machine's own default (CI runs it)
+#            and NumPy without its AVX2/AVX-512 loops: unlike any machine's own default (slower; CI runs
+#            it on machines without AVX-512, avx2 on the others)
 CPU_PATH ?=
 CPU_ENV_avx2 := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell \
 	NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL"
