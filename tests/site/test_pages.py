@@ -39,8 +39,11 @@ def open_page(browser, url):
     errors = []
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
     page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.goto(url, wait_until="load")
-    page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || window.MathJax.startup.promise")
+    # The API page is 3.6 MB of HTML: on a slow 2-core machine its load took 24-31 s, past Playwright's default
+    # 30 s. The test checks what the page shows, not how fast a CI machine parses it: allow two minutes.
+    page.goto(url, wait_until="load", timeout=120_000)
+    page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || window.MathJax.startup.promise",
+                           timeout=120_000)
     page.evaluate("() => window.MathJax && window.MathJax.startup ? window.MathJax.startup.promise : null")
     page.wait_for_timeout(300)
     return page, errors
