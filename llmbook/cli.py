@@ -151,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     p_pages.add_argument("--book", default="book", help="book folder (default: book)")
     p_nb = sub.add_parser("notebooks", help="re-execute notebooks in place")
     p_nb.add_argument("paths", nargs="*", help="notebooks (default: every book/*.ipynb)")
-    p_tr = sub.add_parser("train", help="train the book's tiny GPT on the corpus (a few minutes on 2 CPU cores)")
+    p_tr = sub.add_parser("train", help="train the book's models: the tiny GPT (default) or the assistant")
+    p_tr.add_argument("--recipe", default="tiny-gpt", choices=("tiny-gpt", "assistant"),
+                      help="tiny-gpt: the character model on the corpus (a few minutes on 2 CPU cores); assistant: "
+                           "tokenizer, pre-training, SFT, DPO and GRPO of the book's assistant (about 17 minutes)")
     p_tr.add_argument("--out", help="output folder (default: the package data folder, llmbook/data)")
-    p_tr.add_argument("--steps", type=int, help="train for fewer steps (a quick trial; not the committed run)")
+    p_tr.add_argument("--steps", type=int, help="tiny-gpt only: train for fewer steps (a quick trial)")
     p_co = sub.add_parser("corpus", help="rewrite the retrieval corpus of the book's prose from book/ (Part II)")
     p_co.add_argument("--root", default=".", help="checkout root holding book/ (default: .)")
     p_co.add_argument("--out", help="output file (default: the package snapshot, llmbook/data/book_corpus.jsonl)")
@@ -185,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return bookpages.execute_notebooks(args.paths)
     if args.command == "train":
+        if args.recipe == "assistant":
+            if args.steps is not None:
+                parser.error("--steps applies to the tiny-gpt recipe only")
+            from llmbook.lm import assistant_recipe
+
+            return assistant_recipe.main(args.out)
         from llmbook.lm import training
 
         return training.main(args.out, args.steps)

@@ -244,10 +244,28 @@ def scaled_dot_product_attention(
     """
     q, k, v, squeeze = check_attention_inputs(q, k, v)
     B, H, T_q, D = q.shape
-    H_kv, T_k = k.shape[1], k.shape[2]
     scale = attention_scale(scale, D)
     check_range(dropout_p, "dropout_p", 0.0, 1.0, high_open=True)
     _check_alignment(causal_alignment)
+    if mask is not None:
+        mask = _mask_tensor(mask, (B, H, T_q, k.shape[2]), squeeze)
+    out, weights = attend(q, k, v, mask, is_causal, scale, dropout_p, generator, causal_alignment)
+    if squeeze:
+        out, weights = out.squeeze(1), weights.squeeze(1)
+    return (out, weights) if return_weights else out
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float,
+           dropout_p: float = 0.0, generator: torch.Generator | None = None,
+           causal_alignment: str = "bottom_right") -> tuple[Tensor, Tensor]:
+    """The computation of :func:`scaled_dot_product_attention` on inputs it has already validated.
+
+    ``q (B, H, T_q, D)``, ``k, v (B, H_kv, T_k, D)``, ``mask`` a 4-D bool or additive mask (or ``None``);
+    returns ``(out, weights)``. No checks: for inner loops (the KV-cache decoder) whose inputs the model
+    produced, where scanning every cached key for NaN at every step would cost more than the attention.
+    """
+    B, H, T_q, D = q.shape
+    H_kv, T_k = k.shape[1], k.shape[2]
     G = H // H_kv  # query heads per key/value head
     dtype = q.dtype
     q, k, v = upcast_half(q), upcast_half(k), upcast_half(v)
@@ -255,11 +273,10 @@ def scaled_dot_product_attention(
     scores = (q.view(B, H_kv, G, T_q, D) @ k.unsqueeze(2).transpose(-1, -2) * scale).view(B, H, T_q, T_k)
     allowed = None
     if mask is not None:
-        m = _mask_tensor(mask, (B, H, T_q, T_k), squeeze)
-        if m.dtype == torch.bool:
-            allowed = m
+        if mask.dtype == torch.bool:
+            allowed = mask
         else:
-            scores = scores + m.to(scores.dtype)
+            scores = scores + mask.to(scores.dtype)
     if is_causal:
         c = causal_mask(T_q, T_k, device=q.device, alignment=causal_alignment)
         allowed = c if allowed is None else allowed & c
@@ -269,10 +286,7 @@ def scaled_dot_product_attention(
         keep = torch.rand(weights.shape, generator=generator, dtype=weights.dtype, device=weights.device) >= dropout_p
         used = weights * keep / (1.0 - dropout_p)
     out = (used.view(B, H_kv, G, T_q, T_k) @ v.unsqueeze(2)).view(B, H, T_q, v.shape[-1])
-    out, weights = restore_half(out, dtype), restore_half(weights, dtype)
-    if squeeze:
-        out, weights = out.squeeze(1), weights.squeeze(1)
-    return (out, weights) if return_weights else out
+    return restore_half(out, dtype), restore_half(weights, dtype)
 
 
 def softmax_jacobian(a: Float[Tensor, "... N"]) -> Float[Tensor, "... N N"]:

@@ -21,7 +21,7 @@ full forward pass up to float rounding; :func:`generate_cached` decodes with it.
 from __future__ import annotations
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from llmbook._checks import (
@@ -31,7 +31,7 @@ from llmbook._checks import (
     check_range,
     check_token_ids,
 )
-from llmbook.lm.attention import scaled_dot_product_attention
+from llmbook.lm.attention import attend
 from llmbook.lm.decoding import sample
 from llmbook.lm.rope import apply_rope, rope_cos_sin
 from llmbook.registry import implements
@@ -169,7 +169,8 @@ class KVCache:
         self.length += check_nonnegative_int(T, "T")
 
 
-def forward_cached(model, ids: Int[Tensor, "B T"], cache) -> Float[Tensor, "B T V"]:
+def forward_cached(model, ids: Int[Tensor, "B T"], cache, positions: Int[Tensor, "B T"] | None = None,
+                   key_mask: Bool[Tensor, "B S"] | None = None) -> Float[Tensor, "B T V"]:
     r"""Logits of ``ids`` as the continuation of what ``cache`` holds, reusing the cached keys and values.
 
     The new tokens sit at positions ``cache.length .. cache.length + T - 1`` (their RoPE angles). Each
@@ -180,6 +181,11 @@ def forward_cached(model, ids: Int[Tensor, "B T"], cache) -> Float[Tensor, "B T 
     prefill); each decoded token is a call with ``T = 1``. ``cache`` is a :class:`KVCache` or any object
     with ``length``, ``update(layer, k, v)`` and ``advance(T)`` (the paged cache of
     :mod:`llmbook.lm.serving`). Inference only: dropout and stochastic depth are not applied.
+
+    For a batch of prompts of different lengths, left-padded: ``positions`` ``(B, T)`` gives each new
+    token's RoPE position (a padded row's first real token at 0), and ``key_mask`` ``(B, S)`` marks with
+    ``True`` the keys that may be attended, for all ``S = cache.length + T`` positions so far (``False`` on
+    the padding). Both default to the unpadded case above.
     """
     cfg = model.config
     ids = check_token_ids(ids, cfg.vocab_size)
@@ -188,16 +194,26 @@ def forward_cached(model, ids: Int[Tensor, "B T"], cache) -> Float[Tensor, "B T 
     B, T = ids.shape
     start = cache.length
     h = model.embed(ids)
-    cos, sin = rope_cos_sin(torch.arange(start, start + T, device=ids.device), cfg.head_dim, base=cfg.rope_theta,
-                            dtype=h.dtype)
+    if positions is None:
+        positions = torch.arange(start, start + T, device=ids.device)
+    elif tuple(positions.shape) != (B, T):
+        raise ValueError(f"positions must have shape (B, T) = ({B}, {T}), got {tuple(positions.shape)}")
+    mask = None
+    if key_mask is not None:
+        if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (B, start + T):
+            raise ValueError(f"key_mask must be a bool tensor of shape (B, cached + new) = ({B}, {start + T}), "
+                             f"got {key_mask.dtype} {tuple(key_mask.shape)}")
+        mask = key_mask[:, None, None, :]
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, base=cfg.rope_theta, dtype=h.dtype)
     for layer, block in enumerate(model.blocks):
-        h = h + _cached_attention(block.attn, block.norm1(h), cache, layer, cos, sin)
+        h = h + _cached_attention(block.attn, block.norm1(h), cache, layer, cos, sin, mask)
         h = h + block.mlp(block.norm2(h))
     cache.advance(T)
     return model.head(model.norm(h))
 
 
-def _cached_attention(attn, x: Tensor, cache, layer: int, cos: Tensor, sin: Tensor) -> Tensor:
+def _cached_attention(attn, x: Tensor, cache, layer: int, cos: Tensor, sin: Tensor, mask: Tensor | None = None
+                      ) -> Tensor:
     """One attention sublayer on the new tokens ``x (B, T, C)``: project, rotate, cache, attend, project back."""
     B, T, _ = x.shape
     H, H_kv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
@@ -206,7 +222,7 @@ def _cached_attention(attn, x: Tensor, cache, layer: int, cos: Tensor, sin: Tens
     v = attn.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)
     q, k = apply_rope(q, cos, sin, attn.rope_layout), apply_rope(k, cos, sin, attn.rope_layout)
     K, V = cache.update(layer, k, v)                             # (B, H_kv, S, D): cached + new
-    o = scaled_dot_product_attention(q, K, V, is_causal=True, causal_alignment="bottom_right")
+    o, _ = attend(q, K, V, mask, True, D ** -0.5)  # unchecked: the model produced q, K, V (see attend)
     return attn.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
 
 

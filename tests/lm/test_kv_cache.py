@@ -170,3 +170,29 @@ def test_bytes_per_token_of_mha_gqa_mqa_mla():
         kc.kv_bytes_per_token("MLA", 32, 32, 128)
     with pytest.raises(ValueError):
         kc.kv_bytes_per_token("GQA", 32, 32, 128)
+
+
+def test_left_padded_batch_matches_each_prompt_alone():
+    """Per-row positions and a key mask (the assistant's batched decoding) against each prompt run unpadded."""
+    from llmbook.lm.gpt import GPTConfig, TinyGPT
+    from llmbook.lm.kv_cache import KVCache, forward_cached
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=30, d_model=32, n_layers=2, n_heads=4, max_seq_len=32)).double().eval()
+    rows = [[3, 4, 5, 6, 7], [8, 9, 10], [11]]
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    valid = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    pos = (valid.long().cumsum(1) - 1).clamp(min=0)
+    cache = KVCache.for_model(model, 3, width + 2)
+    with torch.no_grad():
+        z = forward_cached(model, ids, cache, positions=pos, key_mask=valid)[:, -1]
+        nxt = torch.tensor([[1], [2], [3]])
+        mask2 = torch.cat([valid, torch.ones(3, 1, dtype=torch.bool)], 1)
+        z2 = forward_cached(model, nxt, cache, positions=pos[:, -1:] + 1, key_mask=mask2)[:, -1]
+        for b, r in enumerate(rows):
+            alone = model(torch.tensor([r + [int(nxt[b])]]))[0]
+            torch.testing.assert_close(z[b], alone[-2], atol=1e-12, rtol=0)
+            torch.testing.assert_close(z2[b], alone[-1], atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="key_mask"):
+        forward_cached(model, ids, KVCache.for_model(model, 3, 8), positions=pos, key_mask=valid[:, :2])

@@ -1,0 +1,145 @@
+r"""The book's assistant: a :class:`~llmbook.lm.gpt.TinyGPT` with a byte-level BPE tokenizer that follows instructions.
+
+``python -m llmbook train --recipe assistant`` (:mod:`llmbook.lm.assistant_recipe`) trains it with the book's
+own code (chapter 15's BPE, chapter 8's AdamW, schedule and clipping, chapter 10's SFT, DPO and GRPO) on the
+program-generated tasks of :mod:`llmbook.agents.assistant_tasks`, and commits its weights and log.
+:func:`load_assistant` returns it as an :class:`Assistant`, which implements the
+:class:`~llmbook.agents.generation.Generator` protocol: batched generation with a KV cache over left-padded
+prompts, stop strings, temperature and seed, per-token log-probabilities, and ``score`` for
+:math:`\log p(y \mid x)`.
+
+Transcripts are rendered by :func:`llmbook.agents.assistant_tasks.render`; :func:`encode_transcript` turns one
+into token ids with the mask of the tokens the assistant wrote (the SFT labels, the policy's tokens in RL).
+Registers no equation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from llmbook.agents.generation import Completion, check_request, sample_loop
+from llmbook.lm.bpe import BPETokenizer
+from llmbook.lm.gpt import GPTConfig, TinyGPT
+from llmbook.lm.kv_cache import KVCache, forward_cached
+
+__all__ = ["WEIGHTS", "Assistant", "encode_transcript", "load_assistant", "pad_right"]
+
+WEIGHTS = "assistant.pt"  # in llmbook/data, with assistant_log.json
+
+
+def encode_transcript(tok: BPETokenizer, text: str) -> tuple[list[int], list[bool]]:
+    """Token ids of a rendered transcript and, per token, whether the assistant wrote it.
+
+    A token is the assistant's when it lies inside an assistant turn: after an ``<|assistant|>`` token, up to
+    and including the ``<|end|>`` that closes the turn (so the model learns to stop).
+    """
+    ids = tok.encode(text)
+    start, end = tok.special_tokens["<|assistant|>"], tok.special_tokens["<|end|>"]
+    mine, inside = [], False
+    for t in ids:
+        mine.append(inside)
+        if t == start:
+            inside = True
+        elif t == end:
+            inside = False
+    return ids, mine
+
+
+def pad_right(rows: Sequence[Sequence[int]], pad: int, masks: Sequence[Sequence[bool]] | None = None
+              ) -> tuple[Tensor, Tensor]:
+    """Right-pad token rows to one ``(B, T)`` tensor; the second tensor marks the counted tokens.
+
+    The marks are ``masks`` where given (e.g. the assistant's tokens), else every real token. Right padding
+    needs no attention mask under causal attention: a real token never sees the padding after it.
+    """
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad, dtype=torch.long)
+    keep = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        keep[b, :len(r)] = torch.tensor(list(masks[b]) if masks is not None else [True] * len(r))
+    return ids, keep
+
+
+class Assistant:
+    """The book's assistant as a :class:`~llmbook.agents.generation.Generator`: ``model`` and its ``tok``."""
+
+    def __init__(self, model: TinyGPT, tok: BPETokenizer):
+        self.model, self.tok = model, tok
+        self.pad_id = tok.special_tokens["<|pad|>"]
+        self.context_window = model.config.max_seq_len
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 64, stop: Sequence[str] = ("<|end|>",),
+                 temperature: float = 0.0, seed: int = 0) -> list[Completion]:
+        """Continue each prompt; stop strings that are special tokens stop on the token itself."""
+        prompts, max_new_tokens, stop, temperature = check_request(prompts, max_new_tokens, stop, temperature)
+        if not prompts:
+            return []
+        model, S_max = self.model, self.model.config.max_seq_len
+        rows = [self.tok.encode(p) for p in prompts]
+        if any(len(r) == 0 for r in rows):
+            raise ValueError("every prompt must encode to at least one token")
+        longest = max(len(r) for r in rows)
+        if longest + max_new_tokens > S_max:
+            raise ValueError(f"the longest prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
+                             f"the model's max_seq_len = {S_max}; shorten the context")
+        B = len(rows)
+        ids = torch.tensor([[self.pad_id] * (longest - len(r)) + r for r in rows])
+        valid = torch.tensor([[False] * (longest - len(r)) + [True] * len(r) for r in rows])
+        state = {"pos": (valid.long().cumsum(1) - 1).clamp(min=0), "mask": valid}
+        cache = KVCache.for_model(model, B, longest + max(max_new_tokens, 1))
+        was_training = model.training
+        model.eval()
+
+        def step(tokens):
+            if tokens is None:
+                z = forward_cached(model, ids, cache, positions=state["pos"], key_mask=state["mask"])
+            else:
+                state["pos"] = state["pos"][:, -1:] + 1
+                state["mask"] = torch.cat([state["mask"], torch.ones(B, 1, dtype=torch.bool)], 1)
+                z = forward_cached(model, tokens[:, None], cache, positions=state["pos"], key_mask=state["mask"])
+            return z[:, -1]
+
+        special = {s: self.tok.special_tokens[s] for s in stop if s in self.tok.special_tokens}
+        try:
+            return sample_loop(step, self.tok.decode, B, max_new_tokens, [s for s in stop if s not in special],
+                               temperature, seed, stop_ids=tuple(special.values()))
+        finally:
+            model.train(was_training)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` (the agent loop's context budget)."""
+        return len(self.tok.encode(text))
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[float]:
+        r""":math:`\log p(y \mid x)` of each continuation after its prompt, summed over the continuation's tokens."""
+        out = []
+        for x, y in zip(prompts, continuations, strict=True):
+            xi, yi = self.tok.encode(x), self.tok.encode(y)
+            logits = self.model(torch.tensor([xi + yi]))[0, len(xi) - 1:-1].double()
+            out.append(float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(yi)[:, None]).sum()))
+        return out
+
+
+def _data_dir() -> Path:
+    return Path(str(resources.files("llmbook.data")))
+
+
+def load_assistant(path=None, dtype: torch.dtype = torch.float64) -> Assistant:
+    """The committed assistant (``llmbook/data/assistant.pt``), in eval mode, as an :class:`Assistant`.
+
+    ``dtype`` defaults to float64, so that a greedy choice does not flip on a CPU's last bits and the chapters'
+    stored outputs reproduce on any machine; pass ``torch.float32`` for speed.
+    """
+    ckpt = torch.load(Path(path) if path is not None else _data_dir() / WEIGHTS, weights_only=True)
+    tok = BPETokenizer([tuple(m) for m in ckpt["merges"]], ckpt["special_tokens"])
+    model = TinyGPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return Assistant(model.to(dtype).eval(), tok)

@@ -1,0 +1,69 @@
+"""Tests of llmbook.agents.assistant_tasks: tools against Python's arithmetic, the split's hygiene, the verifier."""
+
+import re
+
+import pytest
+
+from llmbook.agents import assistant_tasks as AT
+from llmbook.lm.assistant_recipe import RecipeConfig, heldout_tasks, training_tasks
+
+
+def test_no_heldout_prompt_in_training_data():
+    cfg = RecipeConfig()
+    train = {t.user for t in training_tasks(cfg)}
+    held = heldout_tasks(cfg)
+    assert len(train) > 8000 and len(held) == cfg.heldout
+    assert not {t.user for t in held} & train
+    # no held-out question can come from a training template (templates as regexes over their slots)
+    patterns = [re.compile("^" + re.sub(r"\\\{\w\}", ".+", re.escape(x)) + "$")
+                for v in AT._TEMPLATES.values() for x in v["train"] + v["rl"]]
+    assert not [t.question for t in held if any(p.match(t.question) for p in patterns)]
+
+
+def test_tools_against_python():
+    for t in AT.make_tasks(200, seed=4):
+        for tool, args in t.plan:
+            obs = AT.execute(t, tool, args)
+            if tool == "calc":
+                a, op, b = args.split()
+                assert obs == str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
+            else:
+                *name, f = args.split()
+                assert obs == t.directory[" ".join(name)][f]
+    t = AT.make_tasks(1, seed=0, kinds=("lookup",))[0]
+    for tool, args in [("calc", "3 +"), ("calc", "a + 2"), ("lookup", ""), ("lookup", "Nobody Here age"),
+                       ("search", "x")]:
+        assert AT.execute(t, tool, args).startswith("error")
+
+
+def test_demonstration_reaches_gold_answer_and_verifier():
+    for t in AT.make_tasks(100, seed=2) + AT.make_tasks(50, seed=3, split="heldout"):
+        turns = AT.demonstration(t, react=t.seed % 2 == 0)
+        final = AT.parse_action(turns[-1][1])
+        assert final[0] == "answer" and AT.verify(t, final[1]) == 1.0
+        assert AT.verify(t, final[1] + "0") == 0.0 and AT.verify(t, None) == 0.0
+        calls = [AT.parse_action(b) for r, b in turns if r == "assistant"][:-1]
+        assert calls == list(t.plan)
+    refuse = AT.make_tasks(1, seed=0, kinds=("refuse",))[0]
+    assert AT.verify(refuse, AT.REFUSAL) == 1.0 and AT.verify(refuse, AT.REFUSAL, [("lookup", "x age")]) == 0.0
+
+
+def test_facts_are_random_per_episode():
+    a = AT.make_tasks(400, seed=11, kinds=("lookup",))
+    answers = {}
+    for t in a:  # the same person gets different facts in different episodes
+        n = next(iter(t.directory))
+        answers.setdefault(n, set()).add(t.directory[n]["city"])
+    assert max(len(v) for v in answers.values()) > 1
+
+
+def test_parse_and_render():
+    assert AT.parse_action("Act: answer I cannot help with that.") == ("answer", "I cannot help with that.")
+    assert AT.parse_action("Act:") is None and AT.parse_action("") is None
+    t = AT.make_tasks(1, seed=1, kinds=("notes",))[0]
+    assert "Notes:" in AT.render(t) and "Notes:" not in AT.closed_book(t)
+    assert AT.render(t, [("tool", "12")]).endswith("<|tool|>Result: 12<|end|>")
+    with pytest.raises(ValueError, match="split"):
+        AT.make_tasks(2, split="test")
+    with pytest.raises(ValueError, match="kind"):
+        AT.make_tasks(2, kinds=("poem",))

