@@ -10,7 +10,7 @@ only through the ``calc`` tool. Five kinds of task:
 * ``notes``: three facts in the user's message, then a question (copy a span from the context, no tool);
 * ``chain``: "What is the age of Belor Quin plus 12?"  (``lookup``, then ``calc`` on what it returned);
 * ``refuse``: requests outside the stated policy (delete a record, reveal a password): the answer is the
-  refusal :data:`REFUSAL`, and any tool call fails the task.
+  refusal ``REFUSAL``, and any tool call fails the task.
 
 The transcript format (:func:`render`): special tokens mark the turns, every assistant turn ends with
 ``<|end|>`` (the stop sequence), a tool's observation reads ``Result: ...``, and an action is one line
@@ -95,7 +95,7 @@ class Task:
 
     @property
     def user(self) -> str:
-        """The user's message: the notes (if any) and the question."""
+        """User message, with the notes (if any) before the question."""
         return f"Notes:{self.notes} Question: {self.question}" if self.notes else self.question
 
 
