@@ -30,7 +30,7 @@ from torch import Tensor
 from llmbook._checks import check_nonnegative_int, check_range
 from llmbook.lm.decoding import sample
 
-__all__ = ["Completion", "Generator", "HFGenerator", "check_request", "sample_loop"]
+__all__ = ["Completion", "Generator", "HFGenerator", "check_request", "continuation_log_prob", "sample_loop"]
 
 
 @dataclass
@@ -111,6 +111,19 @@ def sample_loop(step: Callable[[Tensor | None], Tensor], decode: Callable[[list[
     return [Completion(texts[b] if done[b] else decode(new[b]), lps[b], reasons[b]) for b in range(B)]
 
 
+def continuation_log_prob(logits_of: Callable[[Tensor], Tensor], xi: list[int], yi: list[int]) -> float:
+    r""":math:`\log p(y \mid x) = \sum_t \log p(y_t \mid x, y_{<t})` from one forward pass over ``xi + yi``.
+
+    ``logits_of`` maps ids ``(1, T)`` to logits ``(1, T, V)``; ``xi``, ``yi`` are the prompt's and the
+    continuation's token ids (the prompt non-empty). Summed in float64.
+    """
+    if not xi or not yi:
+        raise ValueError("the prompt and the continuation must each encode to at least one token")
+    with torch.no_grad():
+        logits = logits_of(torch.tensor([xi + yi]))[0, len(xi) - 1:-1].double()
+    return float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(yi)[:, None]).sum())
+
+
 class HFGenerator:
     """A :class:`Generator` over a local Hugging Face causal LM and its tokenizer (left-padded batches, KV cache).
 
@@ -169,10 +182,7 @@ class HFGenerator:
     @torch.no_grad()
     def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[float]:
         """:math:`\\log p(y \\mid x)` of each continuation ``y`` after its prompt ``x``, summed over ``y``'s tokens."""
-        out = []
-        for x, y in zip(prompts, continuations, strict=True):
-            xi = self.tokenizer(x, add_special_tokens=self.add_special_tokens)["input_ids"]
-            yi = self.tokenizer(y, add_special_tokens=False)["input_ids"]
-            logits = self.model(input_ids=torch.tensor([xi + yi])).logits[0, len(xi) - 1:-1].double()
-            out.append(float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(yi)[:, None]).sum()))
-        return out
+        return [continuation_log_prob(lambda ids: self.model(input_ids=ids).logits,
+                                      self.tokenizer(x, add_special_tokens=self.add_special_tokens)["input_ids"],
+                                      self.tokenizer(y, add_special_tokens=False)["input_ids"])
+                for x, y in zip(prompts, continuations, strict=True)]

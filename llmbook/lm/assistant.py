@@ -16,16 +16,16 @@ Registers no equation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from llmbook.agents.generation import Completion, check_request, sample_loop
+from llmbook.agents.generation import Completion, check_request, continuation_log_prob, sample_loop
 from llmbook.lm.bpe import BPETokenizer
 from llmbook.lm.gpt import GPTConfig, TinyGPT
 from llmbook.lm.kv_cache import KVCache, forward_cached
+from llmbook.lm.training import _data_dir
 
 __all__ = ["WEIGHTS", "Assistant", "encode_transcript", "load_assistant", "pad_right"]
 
@@ -120,16 +120,8 @@ class Assistant:
     @torch.no_grad()
     def score(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[float]:
         r""":math:`\log p(y \mid x)` of each continuation after its prompt, summed over the continuation's tokens."""
-        out = []
-        for x, y in zip(prompts, continuations, strict=True):
-            xi, yi = self.tok.encode(x), self.tok.encode(y)
-            logits = self.model(torch.tensor([xi + yi]))[0, len(xi) - 1:-1].double()
-            out.append(float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(yi)[:, None]).sum()))
-        return out
-
-
-def _data_dir() -> Path:
-    return Path(str(resources.files("llmbook.data")))
+        return [continuation_log_prob(self.model, self.tok.encode(x), self.tok.encode(y))
+                for x, y in zip(prompts, continuations, strict=True)]
 
 
 def load_assistant(path=None, dtype: torch.dtype = torch.float64) -> Assistant:

@@ -45,7 +45,7 @@ from llmbook.agents.assistant_tasks import (
     render,
     world_document,
 )
-from llmbook.lm.assistant import WEIGHTS, Assistant, _data_dir, encode_transcript, pad_right
+from llmbook.lm.assistant import WEIGHTS, Assistant, encode_transcript, pad_right
 from llmbook.lm.bpe import train_bpe
 from llmbook.lm.gpt import GPTConfig, TinyGPT
 from llmbook.lm.optim import AdamW
@@ -53,7 +53,7 @@ from llmbook.lm.preference import dpo_loss, sequence_log_probs
 from llmbook.lm.probability import token_log_probs
 from llmbook.lm.rlhf import grpo_advantages, grpo_objective, sft_loss
 from llmbook.lm.schedules import clip_grad_norm_, warmup_cosine
-from llmbook.lm.training import TrainConfig, _param_groups, train
+from llmbook.lm.training import TrainConfig, _data_dir, _param_groups, train
 
 __all__ = ["LOG", "RecipeConfig", "evaluate", "heldout_tasks", "main", "read_assistant_log", "run_recipe",
            "training_tasks"]
