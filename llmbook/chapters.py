@@ -87,7 +87,8 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     26: ("book/26-retrieval-metrics.ipynb", ("llmbook.rag.metrics", "llmbook.rag.significance")),
     27: ("book/27-chunking.ipynb", ("llmbook.rag.chunking", "llmbook.rag.packing")),
     28: ("book/28-diversity.ipynb", ("llmbook.rag.diversity",)),
-    29: ("book/29-rag-objectives.ipynb", ("llmbook.rag.rag_objectives", "llmbook.rag.ragas")),
+    29: ("book/29-rag-objectives.ipynb", ("llmbook.rag.rag_objectives", "llmbook.rag.ragas",
+                                          "llmbook.rag.rag_generation")),
     30: ("book/30-query-expansion.ipynb", ("llmbook.rag.expansion",)),
     31: ("book/31-graphrag.ipynb", ("llmbook.rag.graph", "llmbook.rag.graph_context")),
     32: ("book/32-mdp.ipynb", ("llmbook.agents.mdp", "llmbook.agents.pomdp")),
@@ -103,8 +104,9 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
                                      "llmbook.agents.tool_env", "llmbook.agents.agent_loop",
                                      "llmbook.agents.assistant_tasks", "llmbook.agents.generation")),
     41: ("book/41-reward-models.ipynb", ("llmbook.agents.reward_models",)),
-    42: ("book/42-memory.ipynb", ("llmbook.agents.memory", "llmbook.agents.memory_agent")),
-    43: ("book/43-safety.ipynb", ("llmbook.agents.safety",)),
+    42: ("book/42-memory.ipynb", ("llmbook.agents.memory", "llmbook.agents.memory_agent",
+                                 "llmbook.agents.memory_stream")),
+    43: ("book/43-safety.ipynb", ("llmbook.agents.safety", "llmbook.agents.injection")),
 }
 
 # Modules that serve several chapters and register no equation (the Triton runtime of both kernels).

@@ -1,5 +1,6 @@
 """The catalogue, the registry and the coverage scan keep their promises."""
 
+import functools
 import io
 import json
 import re
@@ -10,6 +11,12 @@ import pytest
 from llmbook import bookpages, chapters, cli, registry
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=1)
+def _coverage():
+    """The registry's coverage of the repository, computed once per test process (it reads every file)."""
+    return registry.coverage(ROOT)
 
 
 def test_catalogue_has_all_363_unique_ids():
@@ -103,13 +110,13 @@ def test_the_manifest_matches_the_tree_and_the_toc():
 
 
 def test_tests_sit_in_the_mirrored_files_and_sections_in_their_chapter():
-    cov = registry.coverage(ROOT)
+    cov = _coverage()
     assert not cov.misplaced_tests()
     assert not cov.misplaced_sections()
 
 
 def test_every_registered_equation_is_tested_against_an_oracle():
-    cov = registry.coverage(ROOT)
+    cov = _coverage()
     untested = [i for i in cov.implemented if not cov.is_tested(i)]
     assert not untested, f"registered but with no @pytest.mark.equation(..., oracle=...) test: {untested}"
     for eq_id, refs in cov.tested.items():
@@ -119,29 +126,29 @@ def test_every_registered_equation_is_tested_against_an_oracle():
 
 
 def test_book_sections_name_known_ids():
-    cov = registry.coverage(ROOT)
+    cov = _coverage()
     assert not cov.unknown_ids
 
 
 def test_cli_search_summary_and_missing():
+    cov = _coverage()  # one scan of the package, tests and book per worker
     out = io.StringIO()
-    assert cli.print_equations("perplexity", registry.coverage(ROOT), out=out) == 0
+    assert cli.print_equations("perplexity", cov, out=out) == 0
     assert "01.15" in out.getvalue() and "llmbook.lm.probability.perplexity" in out.getvalue()
     out = io.StringIO()
-    assert cli.print_equations("no such equation anywhere", registry.coverage(ROOT), out=out) == 1
+    assert cli.print_equations("no such equation anywhere", cov, out=out) == 1
     out = io.StringIO()
-    cli.print_summary(registry.coverage(ROOT), out=out)
+    cli.print_summary(cov, out=out)
     assert "all chapters" in out.getvalue() and "363" in out.getvalue()
     out = io.StringIO()
-    cli.print_missing(registry.coverage(ROOT), out=out)
-    cov = registry.coverage(ROOT)
+    cli.print_missing(cov, out=out)
     listed = {line.split()[0] for line in out.getvalue().splitlines()}
     complete = {i for i in registry.catalogue() if cov.is_tested(i) and cov.is_shown(i)}
     assert listed == set(registry.catalogue()) - complete
 
 
 def test_generated_index_lists_every_implemented_equation():
-    cov = registry.coverage(ROOT)
+    cov = _coverage()
     page = bookpages.equation_index(cov)
     for eq_id in cov.implemented:
         assert f"<td>{eq_id}</td>" in page

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from llmbook._checks import check_choice, check_nonnegative_int
 
 __all__ = ["FIELDS", "KINDS", "REFUSAL", "SPECIALS", "SPLITS", "SYSTEM", "Task", "closed_book", "demonstration",
-           "execute", "make_tasks", "parse_action", "render", "verify", "world_document"]
+           "execute", "fact_sentence", "make_tasks", "notes_question", "parse_action", "render", "verify",
+           "world_document"]
 
 KINDS = ("calc", "lookup", "notes", "chain", "refuse")
 SPLITS = ("train", "rl", "heldout")
@@ -99,6 +100,19 @@ class Task:
         return f"Notes:{self.notes} Question: {self.question}" if self.notes else self.question
 
 
+def fact_sentence(name: str, field_: str, value: str) -> str:
+    """One fact as the notes state it: ``"Belor Quin lives in Tarsk."`` (city), ``"... is 34 years old."``, ..."""
+    check_choice(field_, "field", FIELDS)
+    return _NOTE[field_].format(n=name, v=value)
+
+
+def notes_question(name: str, field_: str, rng: random.Random, split: str = "heldout") -> str:
+    """A question about ``name``'s ``field_`` from one of the ``notes`` templates of ``split`` (drawn by ``rng``)."""
+    check_choice(field_, "field", FIELDS)
+    check_choice(split, "split", SPLITS)
+    return rng.choice(_TEMPLATES["notes"][split]).format(f=field_, n=name)
+
+
 def _person(rng: random.Random) -> dict:
     return {"city": rng.choice(_CITIES), "age": str(rng.randint(18, 89)), "job": rng.choice(_JOBS)}
 
@@ -124,7 +138,7 @@ def _task(kind: str, split: str, rng: random.Random, seed: int) -> Task:
     if kind == "notes":
         f = rng.choice(FIELDS)
         people = rng.sample(names[:3], 3)
-        notes = "".join(" " + _NOTE[f].format(n=m, v=directory[m][f]) for m in people)
+        notes = "".join(" " + fact_sentence(m, f, directory[m][f]) for m in people)
         return Task(kind, template.format(f=f, n=n), directory[n][f], directory, notes=notes, seed=seed)
     if kind == "chain":
         op = "*" if "times" in template or "Multiply" in template else "+"

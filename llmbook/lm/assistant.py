@@ -81,6 +81,23 @@ class Assistant:
         prompts, max_new_tokens, stop, temperature = check_request(prompts, max_new_tokens, stop, temperature)
         if not prompts:
             return []
+        step = self.stepper(prompts, max_new_tokens)
+        was_training = self.model.training
+        self.model.eval()
+        special = {s: self.tok.special_tokens[s] for s in stop if s in self.tok.special_tokens}
+        try:
+            return sample_loop(step, self.tok.decode, len(prompts), max_new_tokens,
+                               [s for s in stop if s not in special], temperature, seed,
+                               stop_ids=tuple(special.values()))
+        finally:
+            self.model.train(was_training)
+
+    def stepper(self, prompts: Sequence[str], max_new_tokens: int):
+        """The incremental decoder behind ``generate``, for decoders that choose each token themselves.
+
+        ``step(None)`` gives the prompts' next-token logits ``(B, V)``; ``step(tokens)`` feeds one token per row
+        and gives the next logits (a KV cache over left-padded rows).
+        """
         model, S_max = self.model, self.model.config.max_seq_len
         rows = [self.tok.encode(p) for p in prompts]
         if any(len(r) == 0 for r in rows):
@@ -94,9 +111,8 @@ class Assistant:
         valid = torch.tensor([[False] * (longest - len(r)) + [True] * len(r) for r in rows])
         state = {"pos": (valid.long().cumsum(1) - 1).clamp(min=0), "mask": valid}
         cache = KVCache.for_model(model, B, longest + max(max_new_tokens, 1))
-        was_training = model.training
-        model.eval()
 
+        @torch.no_grad()
         def step(tokens):
             if tokens is None:
                 z = forward_cached(model, ids, cache, positions=state["pos"], key_mask=state["mask"])
@@ -106,12 +122,30 @@ class Assistant:
                 z = forward_cached(model, tokens[:, None], cache, positions=state["pos"], key_mask=state["mask"])
             return z[:, -1]
 
-        special = {s: self.tok.special_tokens[s] for s in stop if s in self.tok.special_tokens}
-        try:
-            return sample_loop(step, self.tok.decode, B, max_new_tokens, [s for s in stop if s not in special],
-                               temperature, seed, stop_ids=tuple(special.values()))
-        finally:
-            model.train(was_training)
+        return step
+
+    @torch.no_grad()
+    def token_log_probs(self, prompts: Sequence[str], continuations: Sequence[str]) -> list[Tensor]:
+        r"""Per-token :math:`\log p(y_t \mid x, y_{<t})` of each continuation after its prompt (float64), batched.
+
+        One forward pass over the right-padded rows ``x + y`` (causal attention: a row never sees its padding).
+        """
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        xs = [self.tok.encode(x) for x in prompts]
+        ys = [self.tok.encode(y) for y in continuations]
+        if any(not x or not y for x, y in zip(xs, ys, strict=True)):
+            raise ValueError("every prompt and continuation must encode to at least one token")
+        if not xs:
+            return []
+        longest = max(len(x) + len(y) for x, y in zip(xs, ys, strict=True))
+        if longest > self.model.config.max_seq_len:
+            raise ValueError(f"a prompt plus its continuation has {longest} tokens, more than the model's "
+                             f"max_seq_len = {self.model.config.max_seq_len}")
+        ids, _ = pad_right([x + y for x, y in zip(xs, ys, strict=True)], self.pad_id)
+        logp = torch.log_softmax(self.model(ids).double(), -1)
+        return [logp[b, len(x) - 1:len(x) + len(y) - 1].gather(-1, torch.tensor(y)[:, None])[:, 0]
+                for b, (x, y) in enumerate(zip(xs, ys, strict=True))]
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` (the agent loop's context budget)."""

@@ -89,13 +89,13 @@ def test_dual_ascent_converges_to_lp(seed):
     JJ = brute_force(P, r, c, gamma, mu0)
     d = float(np.quantile(JJ[:, 1], 0.3))
     value, lam_star, _ = lp_cmdp(P, r, c, gamma, mu0, d)
-    res = safety.lagrangian_dual_ascent(T_(P), T_(r), T_(c), gamma, T_(mu0), d, lr=0.5, n_iter=2000)
+    res = safety.lagrangian_dual_ascent(T_(P), T_(r), T_(c), gamma, T_(mu0), d, lr=0.5, n_iter=1000)
     assert (res.dual >= value - 1e-8).all()  # weak duality: g(lambda) bounds the optimum for every lambda >= 0
     scale = max(1.0, abs(value))
     assert res.dual.min().item() - value < 1e-2 * scale
     assert abs(res.J_R_avg[-1].item() - value) < 2e-2 * scale
     assert res.J_C_avg[-1].item() < d + 2e-2 * max(1.0, d)
-    assert abs(res.lam[1000:].mean().item() - lam_star) < 0.05 * max(1.0, lam_star)
+    assert abs(res.lam[500:].mean().item() - lam_star) < 0.05 * max(1.0, lam_star)
     assert (res.lam >= 0).all()
 
 

@@ -66,3 +66,18 @@ def test_transcript_mask_and_padding(small):
 def test_committed_assistant_loads():
     a = load_assistant()
     assert a.model.num_parameters() * 4 < 20e6 and next(a.model.parameters()).dtype == torch.float64
+
+
+def test_token_log_probs_batched_match_one_row_scores(small):
+    """The right-padded batch against score's one-sequence forward pass per row (float64, 1e-10)."""
+    a, tok = small
+    prompts = [AT.render(t) + "<|assistant|>" for t in AT.make_tasks(3, seed=5)] + ["<|user|>hi"]
+    conts = ["Act: answer 12<|end|>", " Tarsk", "Thought: x\nAct: calc 1 + 2", " a b c d e f"]
+    lps = a.token_log_probs(prompts, conts)
+    assert [len(lp) for lp in lps] == [len(tok.encode(c)) for c in conts]
+    for lp, s in zip(lps, a.score(prompts, conts), strict=True):
+        assert float(lp.sum()) == pytest.approx(s, abs=1e-10)
+    with pytest.raises(ValueError, match="prompts but"):
+        a.token_log_probs(["a"], [])
+    with pytest.raises(ValueError, match="max_seq_len"):
+        a.token_log_probs(["<|user|>" * 190], [" a b c"])
