@@ -166,3 +166,19 @@ def test_every_notebook_has_the_setup_cell_for_the_configured_repository():
         assert "setup" in first["metadata"].get("tags", []), f"{nb.name}: first code cell is not tagged 'setup'"
         assert "".join(first["source"]) == expected, f"{nb.name}: setup cell is stale; run `make notebooks`"
         assert "hide-input" in first["metadata"]["tags"] or "remove-input" in first["metadata"]["tags"]
+
+
+def test_no_notebook_cell_hides_a_show_source_call():
+    """Jupyter displays only a cell's last bare expression: a bare ``show_source(...)`` before it shows nothing."""
+    import ast
+
+    hidden = []
+    for nb in sorted((ROOT / "book").glob("[0-9]*.ipynb")):
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        for i, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            body = ast.parse("".join(cell["source"])).body
+            hidden += [f"{nb.name} cell {i}" for node in body[:-1] if isinstance(node, ast.Expr)
+                       and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "show_source"]
+    assert not hidden, f"wrap these in display(...): {hidden}"

@@ -58,7 +58,7 @@ class Fact:
 
     @property
     def index_text(self) -> str:
-        """What the retriever indexes: the field name, then the sentence."""
+        """The field name followed by the sentence, as the retriever indexes it."""
         return f"{self.field} {self.sentence}"
 
 
