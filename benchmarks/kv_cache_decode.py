@@ -37,8 +37,8 @@ import torch  # noqa: E402
 from _common import machine, median_time, save  # noqa: E402  (this folder is on sys.path)
 
 from llmbook.lm.flash import peak_tensor_bytes  # noqa: E402
-from llmbook.lm.gpt import pretrained_tiny  # noqa: E402
 from llmbook.lm.kv_cache import generate_cached  # noqa: E402
+from llmbook.lm.training import pretrained_tiny  # noqa: E402
 
 PROVIDERS = ("cached", "recompute")
 

@@ -417,6 +417,21 @@ def check_shape(x, shape, name: str, why: str | None = None) -> torch.Tensor:
     return x
 
 
+def check_batch_broadcast(a: torch.Tensor, b: torch.Tensor, core: int, name_a: str, name_b: str) -> None:
+    """Raise ``ValueError`` unless the batch axes of ``a`` and ``b`` (all but their last ``core``) broadcast.
+
+    >>> check_batch_broadcast(torch.zeros(2, 3, 4), torch.zeros(1, 5, 4), 2, "q", "k")
+    >>> check_batch_broadcast(torch.zeros(2, 4), torch.zeros(3, 4), 1, "q", "k")
+    Traceback (most recent call last):
+    ValueError: the batch axes of q (2, 4) and k (3, 4) must be equal or broadcast (sizes 1 or equal)
+    """
+    try:
+        torch.broadcast_shapes(a.shape[:a.ndim - core], b.shape[:b.ndim - core])
+    except RuntimeError:
+        raise ValueError(f"the batch axes of {name_a} {tuple(a.shape)} and {name_b} {tuple(b.shape)} "
+                         f"must be equal or broadcast (sizes 1 or equal)") from None
+
+
 def check_broadcastable_to(x: torch.Tensor, shape, name: str, target: str) -> None:
     """Raise ``ValueError`` unless ``x`` broadcasts *to* ``shape`` (not merely *with* it).
 
@@ -458,7 +473,11 @@ def check_same_last_dim(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: s
 
 
 def check_probability(p: torch.Tensor, name: str, dim: int = -1, atol: float = 1e-4):
-    """``p`` must be non-negative and sum to one along ``dim``.
+    """``p`` must be non-negative and sum to one along ``dim``, within ``atol`` or the dtype's rounding.
+
+    The sum is taken in float64, and the tolerance is at least the machine epsilon of ``p``'s dtype:
+    rounding each entry to bf16 moves the sum by up to half its epsilon (a bf16 softmax sums to
+    0.996-1.004), so a distribution stored in half precision is accepted as such.
 
     >>> check_probability(torch.tensor([0.5, 0.6]), "p")
     Traceback (most recent call last):
@@ -467,7 +486,9 @@ def check_probability(p: torch.Tensor, name: str, dim: int = -1, atol: float = 1
     check_finite(p, name)
     if (p < 0).any():
         raise ValueError(f"{name} must be non-negative (a probability distribution)")
-    s = p.sum(dim)
+    s = p.to(torch.float64).sum(dim)
+    if p.is_floating_point():
+        atol = max(atol, torch.finfo(p.dtype).eps)
     if not torch.allclose(s, torch.ones_like(s), atol=atol):
         raise ValueError(f"{name} must sum to 1 along dim {dim}; sums range over "
                          f"[{s.min().item():.6g}, {s.max().item():.6g}]")
@@ -483,6 +504,20 @@ def _module_dtype(module) -> torch.dtype | None:
         if t.is_floating_point():
             return t.dtype
     return None
+
+
+def flatten_leading(x: torch.Tensor, core: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``x`` of shape ``(..., *core_axes)`` as ``(N, *core_axes)`` (all leading axes in one, 1 if there are none),
+    and the leading shape to restore with ``y.reshape(*lead, ...)``.
+
+    >>> y, lead = flatten_leading(torch.zeros(2, 3, 5, 4), 2)
+    >>> tuple(y.shape), lead
+    ((6, 5, 4), (2, 3))
+    >>> tuple(flatten_leading(torch.zeros(5, 4), 2)[0].shape)
+    (1, 5, 4)
+    """
+    lead = tuple(x.shape[:x.ndim - core])
+    return x.reshape(math.prod(lead), *x.shape[x.ndim - core:]) if lead else x.unsqueeze(0), lead
 
 
 def check_module_input(module, x, name: str = "x", *, d: int | None = None, symbol: str = "d_model",

@@ -14,7 +14,7 @@ import re
 import time
 from pathlib import Path
 
-from llmbook import registry
+from llmbook import chapters, coverage, registry
 
 SETUP_TAG = "setup"
 SETUP_TEMPLATE = '''\
@@ -87,9 +87,19 @@ _INDEX_TAIL = """\
 """
 
 
+def api_page_name(module: str) -> str:
+    """The API page (without suffix) that documents ``module``: its chapter's, or the shared page.
+
+    >>> api_page_name("llmbook.lm.attention"), api_page_name("llmbook.verify")
+    ('api-03', 'api-shared')
+    """
+    ch = chapters.chapter_of_module(module)
+    return f"api-{ch.number:02d}" if ch is not None else "api-shared"
+
+
 def _api_anchor(where: str) -> tuple[str, str]:
     module, _, qualname = where.partition(":")
-    return f"{module}.{qualname}", f"api.html#{module}.{qualname}"
+    return f"{module}.{qualname}", f"{api_page_name(module)}.html#{module}.{qualname}"
 
 
 def equation_index(cov) -> str:
@@ -163,10 +173,12 @@ def status_page(cov) -> str:
 
 def write_pages(book: str | Path = "book") -> list[Path]:
     book = Path(book)
-    cov = registry.coverage()
+    cov = coverage.coverage()
     out = []
-    pages = [("equation-index.md", equation_index(cov)), ("status.md", status_page(cov)), ("api.md", api_page()),
+    pages = [("equation-index.md", equation_index(cov)), ("status.md", status_page(cov)), *api_pages().items(),
              ("notation.md", notation_page())]
+    for stale in book.glob("api-*.md"):  # a page of a module that has moved or gone
+        stale.unlink()
     for name, text in pages:
         path = book / name
         path.write_text(text, encoding="utf-8")
@@ -231,25 +243,75 @@ def execute_notebooks(paths: list[str] | None = None, timeout: int = 900) -> int
     return 0
 
 
-def api_page() -> str:
-    """Autodoc sections for every public module of the package."""
-    import importlib
+def _api_modules() -> list[tuple[str, bool]]:
+    """Every public module of the package (and whether it is a package), sorted by name."""
     import pkgutil
 
     import llmbook
 
-    lines = ["# API reference", "", "Generated from the docstrings of every `llmbook` module.", ""]
+    out = []
     for info in sorted(pkgutil.walk_packages(llmbook.__path__, prefix="llmbook."), key=lambda i: i.name):
-        name = info.name
-        if any(part.startswith("_") for part in name.split(".")) or name in ("llmbook.cli", "llmbook.bookpages"):
+        if any(part.startswith("_") for part in info.name.split(".")) or info.name in ("llmbook.cli",
+                                                                                    "llmbook.bookpages"):
             continue
-        members = ["   :members:"]
-        if info.ispkg:  # a package documents its own definitions only (re-exports live in their modules)
-            mod = importlib.import_module(name)
-            own = [v for k, v in vars(mod).items() if not k.startswith("_") and getattr(v, "__module__", "") == name]
-            members = members if own else []
-        lines += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", *members, "```", ""]
-    return "\n".join(lines)
+        out.append((info.name, info.ispkg))
+    return out
+
+
+def _automodule(name: str, ispkg: bool) -> list[str]:
+    import importlib
+
+    members = ["   :members:"]
+    if ispkg:  # a package documents its own definitions only (re-exports live in their modules)
+        mod = importlib.import_module(name)
+        own = [v for k, v in vars(mod).items() if not k.startswith("_") and getattr(v, "__module__", "") == name]
+        members = members if own else []
+    return [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", *members, "```", ""]
+
+
+def api_pages() -> dict[str, str]:
+    """The API reference, one page per chapter (its modules) plus one for shared infrastructure, and an index.
+
+    One page for the whole package grew to 3.6 MB of HTML and about 1,800 formulas, which a browser on a
+    2-core machine took over 20 s to load; a chapter's page is a few percent of that.
+    """
+    groups: dict[str, list[tuple[str, bool]]] = {}
+    for name, ispkg in _api_modules():
+        groups.setdefault(api_page_name(name), []).append((name, ispkg))
+    pages, rows = {}, []
+    for page in sorted(groups, key=lambda p: (p == "api-shared", p)):
+        if page == "api-shared":
+            title, lines = "Shared infrastructure", ["# API: shared infrastructure", ""]
+            what = "the catalogue and registry, checks, plotting, the kernels' runtime, widgets, data"
+        else:
+            n = int(page[4:])
+            nb = chapters.CHAPTERS[n].notebook
+            title = f"Chapter {n}" + ("" if nb is None else f": {_chapter_title(nb)}")
+            lines = [f"# API of chapter {n}" + ("" if nb is None else f": {_chapter_title(nb)}"), ""]
+            if nb is not None:
+                lines += [f"The modules of [chapter {n}]({Path(nb).name}), from their docstrings.", ""]
+            what = ", ".join(f"`{m}`" for m, _ in groups[page])
+        for name, ispkg in groups[page]:
+            lines += _automodule(name, ispkg)
+        pages[f"{page}.md"] = "\n".join(lines)
+        rows.append(f"| [{title}]({page}.md) | {what} |")
+    index = ["# API reference", "",
+             "Generated from the docstrings of every `llmbook` module, one page per chapter (the modules the",
+             "chapter manifest gives it) and one for what the chapters share.", "",
+             "| page | modules |", "|---|---|", *rows, ""]
+    return {"api.md": "\n".join(index), **pages}
+
+
+def _chapter_title(notebook: str) -> str:
+    """The first heading of a chapter notebook, without its number (``"Attention"``)."""
+    import json
+
+    path = Path(notebook)
+    if not path.is_file():
+        return path.stem
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    first = "".join(cells[0]["source"]).splitlines()[0] if cells else path.stem
+    return first.lstrip("# ").split(". ", 1)[-1]
 
 
 def notation_page() -> str:

@@ -62,7 +62,7 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     7: ("book/07-losses.ipynb", ("llmbook.lm.losses", "llmbook.lm.contrastive", "llmbook.lm.objectives",
                                  "llmbook.lm.distillation")),
     8: ("book/08-optimization.ipynb", ("llmbook.lm.optim", "llmbook.lm.adafactor", "llmbook.lm.schedules",
-                                       "llmbook.lm.training", "llmbook.lm.memory")),
+                                       "llmbook.lm.training", "llmbook.lm.memory", "llmbook.lm.data_parallel")),
     9: ("book/09-decoding.ipynb", ("llmbook.lm.decoding", "llmbook.lm.search")),
     10: ("book/10-alignment.ipynb", ("llmbook.lm.preference", "llmbook.lm.rlhf", "llmbook.lm.assistant",
                                      "llmbook.lm.assistant_recipe")),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmbook import chapters, registry
+from llmbook import chapters, coverage, registry
 
 
 def _mark(flag: bool | None) -> str:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "equations":
-        cov = registry.coverage()
+        cov = coverage.coverage()
         if args.summary:
             return print_summary(cov)
         if args.missing:
@@ -207,10 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {len(passages)} passages of {len({p.chapter for p in passages})} chapters to "
               f"{corpus.write_corpus(passages, out)}")
         if not args.out:
-            from llmbook.rag import encoder
+            from llmbook.rag import encoder, pipeline
 
             cache = out.parent / encoder.CACHE
-            n, new = encoder.write_cache(encoder.cache_texts(passages), cache)
+            n, new = encoder.write_cache(pipeline.cache_texts(passages), cache)
             print(f"wrote {n} MiniLM embeddings ({new} newly computed) to {cache}")
         return 0
     if args.command == "ask":

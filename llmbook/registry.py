@@ -43,7 +43,6 @@ __all__ = [
     "load_all",
     "resolve",
     "repo_root",
-    "coverage",
 ]
 
 ID_PATTERN = re.compile(r"^\d\d\.\d\d$")
@@ -209,9 +208,3 @@ def repo_root() -> Path | None:
     root = Path(__file__).resolve().parent.parent
     return root if (root / "tests").is_dir() and (root / "book").is_dir() else None
 
-
-def coverage(root: Path | None = None):
-    """What is implemented, tested and shown (see :func:`llmbook.coverage.coverage`)."""
-    from llmbook.coverage import coverage as _coverage
-
-    return _coverage(root)

@@ -2,12 +2,12 @@
 
 import io
 
-from llmbook import cli, registry
+from llmbook import cli, coverage, registry
 
 
 def test_the_summary_outside_a_checkout_says_coverage_needs_one_and_prints_what_the_package_knows(monkeypatch):
     monkeypatch.setattr(registry, "repo_root", lambda: None)  # an installed package: no tests/, no book/
-    cov = registry.coverage()
+    cov = coverage.coverage()
     assert cov.tested is None and cov.shown is None
     out = io.StringIO()
     assert cli.print_summary(cov, out=out) == 0

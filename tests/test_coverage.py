@@ -67,7 +67,7 @@ def test_a_marker_outside_the_mirrored_test_file_does_not_count():
 
 
 def test_cli_and_status_page_print_the_same_by_chapter_rows():
-    cov = registry.coverage(ROOT)
+    cov = coverage.coverage(ROOT)
     rows = {r.number: r for r in cov.by_chapter()}
     assert len(rows) == 43 and sum(r.total for r in rows.values()) == 363
     out = io.StringIO()

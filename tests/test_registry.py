@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbook import bookpages, chapters, cli, registry
+from llmbook import bookpages, chapters, cli, coverage, registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @functools.lru_cache(maxsize=1)
 def _coverage():
     """The registry's coverage of the repository, computed once per test process (it reads every file)."""
-    return registry.coverage(ROOT)
+    return coverage.coverage(ROOT)
 
 
 def test_catalogue_has_all_363_unique_ids():

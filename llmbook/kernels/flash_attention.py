@@ -49,6 +49,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_triton",
     "flash_attention_forward",
+    "flash_attention_backward",
     "FlashAttentionFunction",
     "length_bucket",
 ]
@@ -377,3 +378,59 @@ def flash_attention(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k 
     block_q, block_k = (TORCH_BLOCKS, TORCH_BLOCKS) if block_m is None else (block_m, block_n)
     o = tiled_attention(q4, k4, v4, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
     return o.squeeze(1) if squeeze else o
+
+
+def flash_attention_backward(q: Float[Tensor, "B H T_q D"], k: Float[Tensor, "B H_kv T_k D"],
+                             v: Float[Tensor, "B H_kv T_k D"], o: Float[Tensor, "B H T_q D"],
+                             lse: Float[Tensor, "B H T_q"], do: Float[Tensor, "B H T_q D"], causal: bool = False,
+                             scale: float | None = None, backend: str = "auto", *, block_m: int | None = None,
+                             block_n: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    r"""FlashAttention's backward pass as a function: ``(dq, dk, dv)`` from the forward's ``o`` and ``lse``.
+
+    With :math:`P_{ij} = e^{S_{ij} - L_i}` recomputed per tile and :math:`\Delta_i = \sum_d O_{id}\,dO_{id}`:
+    :math:`dV = P^	op dO`, :math:`dS = P\odot(dO\,V^	op - \Delta)`, :math:`dQ = dS\,K\cdot	ext{scale}`,
+    :math:`dK = dS^	op Q\cdot	ext{scale}`; with grouped-query heads, ``dk, dv`` sum over the query heads that
+    share a key/value head. ``o, lse`` are what :func:`flash_attention_forward` returns for the same
+    ``q, k, v, causal, scale`` (``lse`` natural log, ``-inf`` for a query that sees no key); ``do`` is the
+    gradient of the loss with respect to ``o``. ``backend``: ``"triton"`` (the kernels of
+    :func:`flash_attention_triton`), ``"torch"`` (:func:`llmbook.lm.flash.tiled_attention_backward`, plain
+    torch), or ``"auto"`` (Triton where :func:`flash_attention` would take it). Shapes and block sizes as in
+    :func:`flash_attention_forward`; the gradients have the shapes and dtypes of ``q, k, v``.
+
+    >>> q = torch.zeros(1, 1, 3, 16)
+    >>> o, lse = q.clone(), torch.full((1, 1, 3), math.log(3))  # the forward of zero inputs
+    >>> dq, dk, dv = flash_attention_backward(q, q, q, o, lse, torch.ones_like(q), backend="torch")
+    >>> dv[0, 0, :, 0]  # each key carries 1/3 of each of the 3 queries' gradient
+    tensor([1., 1., 1.])
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    q4, k4, v4, squeeze = _as_4d(q, k, v)
+    scale = attention_scale(scale, q4.shape[-1])
+    o4, lse4, do4 = (x.unsqueeze(1) for x in (o, lse, do)) if squeeze else (o, lse, do)
+    B, H, T_q, _ = q4.shape
+    want = (B, H, T_q, v4.shape[-1])
+    if tuple(o4.shape) != want or tuple(do4.shape) != want or tuple(lse4.shape) != want[:3]:
+        rows = tuple(q.shape[:-1])
+        raise ValueError(f"o and do must have shape {rows + (v.shape[-1],)} and lse {rows} (the forward's), got "
+                         f"{tuple(o.shape)}, {tuple(do.shape)} and {tuple(lse.shape)}")
+    if (block_m is None) != (block_n is None):
+        raise ValueError(f"give both block_m and block_n or neither, got {block_m} and {block_n}")
+    if backend == "auto":
+        backend = _auto_backend(q4, block_m, block_n)
+    if backend == "triton":
+        q4, k4, v4, _, scale, blocks = _prepare(q4, k4, v4, scale, block_m, block_n)
+        grads = _backward(do4, q4.contiguous(), k4.contiguous(), v4.contiguous(), o4, lse4.float(), bool(causal),
+                          scale, blocks)
+    else:
+        from llmbook.lm.flash import tiled_attention_backward  # imported on first use, as in flash_attention
+
+        group = H // k4.shape[1]
+        k_r, v_r = (k4.repeat_interleave(group, dim=1), v4.repeat_interleave(group, dim=1)) if group > 1 else (k4, v4)
+        bq, bk = (TORCH_BLOCKS, TORCH_BLOCKS) if block_m is None else (block_m, block_n)
+        dq, dk, dv = tiled_attention_backward(q4, k_r, v_r, o4, lse4, do4, bool(causal), scale, bq, bk)
+        if group > 1:  # each key/value head collects the gradients of the query heads it served
+            dk = dk.unflatten(1, (k4.shape[1], group)).sum(2)
+            dv = dv.unflatten(1, (v4.shape[1], group)).sum(2)
+        grads = (dq, dk, dv)
+    return tuple(g.squeeze(1) for g in grads) if squeeze else grads

@@ -8,8 +8,11 @@ by an activated *gate* projection:
 with :math:`\phi` = sigmoid (GLU), ReLU (ReGLU), GELU (GeGLU) or SiLU (SwiGLU). In code the value
 projection is ``W_up`` / ``w_up`` and the gate projection ``W_gate`` / ``w_gate``, as in Llama's MLP.
 
-Weights of the functional forms are in the math layout, ``x @ W`` with ``W`` of shape
-``(d_in, d_out)`` (that is, ``nn.Linear.weight.T``). The modules hold ``nn.Linear`` layers.
+Weights of the functional forms are in ``nn.Linear``'s layout, as in every functional layer of the book
+(:func:`~llmbook.lm.embeddings.linear`, :func:`~llmbook.lm.lora.lora_linear`, ...): ``W`` has shape
+``(d_out, d_in)`` and the layer computes ``x @ W.T``, so the math's :math:`W_a` is ``W_a.T`` in code and a
+module's ``w_up.weight`` is passed as it is. A weight given the other way round, ``(d_in, d_out)`` with
+``d_in != d_out``, raises a ``ValueError`` that says so. The modules hold ``nn.Linear`` layers.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -29,6 +33,7 @@ from llmbook._checks import (
     check_same_dtype,
     check_shape,
 )
+from llmbook._precision import HALF, restore_half, upcast_half
 from llmbook.registry import implements
 
 __all__ = [
@@ -140,38 +145,48 @@ ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu,
 
 
 def _project(x: Tensor, W: Tensor, b: Tensor | None, name: str) -> Tensor:
+    """``x @ W.T + b`` (``W`` in ``nn.Linear``'s layout) with the shapes and dtypes checked; fp16/bf16 in float32.
+
+    The result stays in float32 for half inputs (the caller rounds once, at the end): a gated unit's
+    product ``a * phi(g)`` overflows fp16 long before the block's output does.
+    """
     W = as_tensor(W, name)
-    check_dim(W, name, "(d_in, d_out)", min_dim=2, max_dim=2)
+    check_dim(W, name, "(d_out, d_in)", min_dim=2, max_dim=2)
     check_same_dtype(x, W, "x", name)
-    if x.shape[-1] != W.shape[0]:
-        raise ValueError(f"x (..., d_in) = {tuple(x.shape)} and {name} (d_in, d_out) = {tuple(W.shape)} "
+    if x.shape[-1] != W.shape[1]:
+        if x.shape[-1] == W.shape[0]:
+            raise ValueError(f"{name} has shape {tuple(W.shape)} = (d_in, d_out) for x (..., d_in = {x.shape[-1]}): "
+                             f"functional layers take nn.Linear's layout (d_out, d_in); pass {name}.T")
+        raise ValueError(f"x (..., d_in) = {tuple(x.shape)} and {name} (d_out, d_in) = {tuple(W.shape)} "
                          f"disagree on d_in")
-    y = x @ W
+    y = upcast_half(x) @ upcast_half(W).T
     if b is not None:
-        check_shape(b, (W.shape[1],), f"the bias of {name}")
+        check_shape(b, (W.shape[0],), f"the bias of {name}")
         check_same_dtype(b, W, f"the bias of {name}", name)
-        y = y + b
+        y = y + upcast_half(b)
     return y
 
 
 def _gated(x, W_a, W_b, phi, b_a=None, b_b=None) -> Tensor:
+    """``(x W_a^T + b_a) * phi(x W_b^T + b_b)`` in the caller's dtype; fp16/bf16 computed in float32."""
     x = as_tensor(x, "x")
     check_dim(x, "x", "(..., d_in)")
     a = _project(x, W_a, b_a, "W_a")
     g = _project(x, W_b, b_b, "W_b")
     if a.shape != g.shape:
         raise ValueError(f"W_a and W_b must map to the same width, got {a.shape[-1]} and {g.shape[-1]}")
-    return a * phi(g)
+    return restore_half(a * phi(g), x.dtype)
 
 
 @implements("06.06")
-def glu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_in d_out"], W_b: Float[Tensor, "d_in d_out"],
+def glu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_out d_in"], W_b: Float[Tensor, "d_out d_in"],
         b_a: Float[Tensor, " d_out"] | None = None, b_b: Float[Tensor, " d_out"] | None = None
         ) -> Float[Tensor, "... d_out"]:
     r"""Gated linear unit: :math:`(xW_a+b_a)\odot\sigma(xW_b+b_b)`.
 
     :math:`W_a` carries the value, :math:`W_b` the gate. ``torch.nn.functional.glu(h)`` is the same
     thing on a pre-computed ``h = cat([xW_a+b_a, xW_b+b_b], -1)``: its *second* half gates the first.
+    ``W_a, W_b`` are ``(d_out, d_in)``, ``nn.Linear``'s layout (the math's :math:`W_a^\top`).
     Shapes ``(..., d_in) -> (..., d_out)``.
 
     >>> glu(torch.ones(1, 2), torch.eye(2), torch.zeros(2, 2))  # gate sigma(0) = 1/2
@@ -181,9 +196,11 @@ def glu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_in d_out"], W_b: Flo
 
 
 @implements("06.07")
-def reglu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_in d_out"], W_b: Float[Tensor, "d_in d_out"]
+def reglu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_out d_in"], W_b: Float[Tensor, "d_out d_in"]
           ) -> Float[Tensor, "... d_out"]:
-    r"""ReGLU: :math:`(xW_a)\odot\mathrm{ReLU}(xW_b)`. Shapes ``(..., d_in) -> (..., d_out)``.
+    r"""ReGLU: :math:`(xW_a)\odot\mathrm{ReLU}(xW_b)`.
+
+    Weights ``(d_out, d_in)``, ``nn.Linear``'s layout. Shapes ``(..., d_in) -> (..., d_out)``.
 
     >>> reglu(torch.tensor([[1.0, -1.0]]), torch.eye(2), torch.eye(2))
     tensor([[1., -0.]])
@@ -192,9 +209,11 @@ def reglu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_in d_out"], W_b: F
 
 
 @implements("06.08")
-def geglu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_in d_out"], W_b: Float[Tensor, "d_in d_out"],
+def geglu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_out d_in"], W_b: Float[Tensor, "d_out d_in"],
           approximate: str = "none") -> Float[Tensor, "... d_out"]:
     r"""GeGLU: :math:`(xW_a)\odot\mathrm{GELU}(xW_b)` (``approximate="tanh"`` uses :func:`gelu_tanh`).
+
+    Weights ``(d_out, d_in)``, ``nn.Linear``'s layout. Shapes ``(..., d_in) -> (..., d_out)``.
 
     >>> geglu(torch.tensor([[1.0]]), torch.eye(1), torch.eye(1))
     tensor([[0.8413]])
@@ -205,26 +224,37 @@ def geglu(x: Float[Tensor, "... d_in"], W_a: Float[Tensor, "d_in d_out"], W_b: F
 
 
 @implements("06.09")
-def swiglu(x: Float[Tensor, "... d_model"], W_gate: Float[Tensor, "d_model d_ff"], W_up: Float[Tensor, "d_model d_ff"],
-           W_down: Float[Tensor, "d_ff d_model"] | None = None) -> Float[Tensor, "... d_model"]:
+def swiglu(x: Float[Tensor, "... d_model"], W_gate: Float[Tensor, "d_ff d_model"], W_up: Float[Tensor, "d_ff d_model"],
+           W_down: Float[Tensor, "d_model d_ff"] | None = None) -> Float[Tensor, "... d_model"]:
     r"""SwiGLU: :math:`(xW_a)\odot\mathrm{SiLU}(xW_b)`, followed by the down projection when ``W_down`` is given.
 
     .. math:: \mathrm{FFN}_{\mathrm{SwiGLU}}(x) = \left(\mathrm{SiLU}(xW_{gate}) \odot xW_{up}\right) W_{down}
 
-    :math:`W_a` is ``W_up`` (value), :math:`W_b` is ``W_gate``. Math layout: ``W_gate, W_up`` are
-    ``(d_model, d_ff)`` and ``W_down`` is ``(d_ff, d_model)`` (the transposes of ``nn.Linear``
-    weights). Without ``W_down`` the result is the ``(..., d_ff)`` hidden activation.
+    :math:`W_a` is ``W_up`` (value), :math:`W_b` is ``W_gate``. ``nn.Linear``'s layout: ``W_gate, W_up`` are
+    ``(d_ff, d_model)`` and ``W_down`` is ``(d_model, d_ff)``, so Llama's ``gate_proj.weight``,
+    ``up_proj.weight`` and ``down_proj.weight`` go in as they are. Without ``W_down`` the result is the
+    ``(..., d_ff)`` hidden activation.
 
     >>> swiglu(torch.tensor([[1.0]]), torch.eye(1), torch.eye(1), 2 * torch.eye(1))  # 2 * 1 * silu(1)
     tensor([[1.4621]])
     """
-    h = _gated(x, W_up, W_gate, silu)
     if W_down is None:
-        return h
-    return _project(h, W_down, None, "W_down")
+        return _gated(x, W_up, W_gate, silu)
+    x = as_tensor(x, "x")
+    W_down = as_tensor(W_down, "W_down")
+    check_same_dtype(x, W_down, "x", "W_down")
+    x32 = upcast_half(x)  # half inputs: the whole block in float32, rounded once at the end
+    h = _gated(x32, upcast_half(as_tensor(W_up, "W_up")), upcast_half(as_tensor(W_gate, "W_gate")), silu)
+    return restore_half(_project(h, upcast_half(W_down), None, "W_down"), x.dtype)
 
 
 # --------------------------------------------------------------------------- modules
+
+
+def _linear32(layer: nn.Linear, x: Tensor) -> Tensor:
+    """``layer(x)`` with the layer's weights upcast from fp16/bf16 to float32 (``x`` already float32)."""
+    bias = None if layer.bias is None else upcast_half(layer.bias)
+    return F.linear(x, upcast_half(layer.weight), bias)
 
 
 class GatedFFN(nn.Module):
@@ -246,7 +276,13 @@ class GatedFFN(nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         x = check_module_input(self, x, d=self.d_model)
-        return self.w_down(ACTIVATIONS[self.activation](self.w_gate(x)) * self.w_up(x))
+        phi = ACTIVATIONS[self.activation]
+        if x.dtype not in HALF:
+            return self.w_down(phi(self.w_gate(x)) * self.w_up(x))
+        # fp16/bf16: the product phi(gate) * up overflows fp16 first; compute in float32, round once
+        x32 = upcast_half(x)
+        h = phi(_linear32(self.w_gate, x32)) * _linear32(self.w_up, x32)
+        return restore_half(_linear32(self.w_down, h), x.dtype)
 
 
 class GLUFFN(GatedFFN):

@@ -42,6 +42,7 @@ from llmbook._checks import (
     check_module_input,
     check_positive_int,
     check_range,
+    flatten_leading,
 )
 from llmbook._precision import restore_half, upcast_half
 from llmbook.lm.rope import apply_rope, check_rope_layout
@@ -318,12 +319,16 @@ class MultiHeadAttention(nn.Module):
     copy over from ``transformers``. ``W_h^Q`` is rows ``h D .. (h+1) D`` of ``q_proj.weight``.
 
     ``forward(x, context=None, mask=None, is_causal=False, rope=None, causal_alignment="bottom_right")``:
-    ``x (B, T, C) -> (B, T, C)``. ``context (B, S, C)`` makes it cross-attention (keys and values from
+    ``x (B, T, C) -> (B, T, C)``, or any leading axes, ``(..., T, C) -> (..., T, C)`` (none, as in
+    ``(T, C)``, or several: they are flattened into one batch axis ``B`` for the computation, and a
+    per-sequence ``mask`` or RoPE table refers to that ``B``). ``context (B, S, C)`` (the leading axes of
+    ``x``) makes it cross-attention (keys and values from
     ``context``). ``mask`` is broadcastable to ``(B, H, T, S)`` with ``True`` = attend;
     ``causal_alignment`` places the causal diagonal when ``T != S`` (see :func:`causal_mask`).
-    ``rope = (cos, sin)`` from :func:`llmbook.lm.rope.rope_cos_sin`, each ``(T, D)`` (positions
-    shared by the batch) or ``(B, T, D)`` (one row of positions per sequence), rotates queries and keys
-    after the head split with :func:`llmbook.lm.rope.apply_rope`. ``rope_layout`` says which
+    ``rope = (cos, sin)`` from :func:`llmbook.lm.rope.rope_cos_sin`, each ``(T, D)`` or ``(1, T, D)``
+    (positions shared by the batch), ``(B, T, D)`` (one row of positions per sequence), or the same with a
+    head axis of 1, ``(B | 1, 1, T, D)``; lists are accepted. It rotates queries and keys after the head
+    split with :func:`llmbook.lm.rope.apply_rope`. ``rope_layout`` says which
     channels of a head form a rotated pair: ``"half"`` (default; ``(j, j + D/2)``, Hugging Face Llama) or
     ``"interleaved"`` (``(2j, 2j+1)``, the RoFormer paper and Meta's Llama code). It must match the
     checkpoint's ``q_proj``/``k_proj`` rows; :func:`llmbook.lm.rope.interleaved_to_half_weight`
@@ -356,14 +361,40 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
 
-    def _qkv(self, x: Tensor, context: Tensor | None, rope) -> tuple[Tensor, Tensor, Tensor]:
-        """Validated inputs -> per-head ``q (B, H, T, D)``, ``k, v (B, H_kv, S, D)``, RoPE applied."""
-        x = check_module_input(self, x, d=self.d_model, ndim=3, contract="(B, T, d_model)")
-        src = x if context is None else context
+    def _rope_tables(self, rope, B: int, T: int) -> tuple[Tensor, Tensor]:
+        """``rope = (cos, sin)`` as tensors, each broadcastable to the heads ``(B, H, T, D)``.
+
+        Accepted, as :func:`~llmbook.lm.rope.apply_rope` broadcasts them: ``(T, D)``, ``(B | 1, T, D)`` and
+        ``(B | 1, 1, T, D)`` (one table for every head, so it also fits GQA's fewer key heads).
+        """
+        if not isinstance(rope, (tuple, list)) or len(rope) != 2:
+            raise TypeError(f"rope must be a pair (cos, sin), got {type(rope).__name__}")
+        cos, sin = as_tensor(rope[0], "rope's cos"), as_tensor(rope[1], "rope's sin")
+        D, s = self.head_dim, tuple(cos.shape)
+        ok = (sin.shape == cos.shape and 2 <= cos.ndim <= 4 and s[-2:] == (T, D)
+              and (cos.ndim < 3 or s[0] in (1, B)) and (cos.ndim < 4 or s[1] == 1))
+        if not ok:
+            raise ValueError(f"rope (cos, sin) must each have shape (T, D) = ({T}, {D}), (B, T, D) = ({B}, {T}, {D}) "
+                             f"or (B, 1, T, D), with B = {B} or 1; got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        return cos, sin
+
+    def _batched(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor | None, tuple[int, ...]]:
+        """``x (..., T, C)`` and ``context (..., S, C)`` (the same leading axes) as 3-D ``(B, T, C)`` tensors."""
+        x = check_module_input(self, x, d=self.d_model, contract="(..., T, d_model)")
+        if x.ndim < 2:
+            raise ValueError(f"x must have shape (..., T, d_model), got {tuple(x.shape)}")
         if context is not None:
-            check_module_input(self, context, "context", d=self.d_model, ndim=3, contract="(B, S, d_model)")
-            if context.shape[0] != x.shape[0]:
-                raise ValueError(f"context must have shape (B = {x.shape[0]}, S, d_model), got {tuple(context.shape)}")
+            check_module_input(self, context, "context", d=self.d_model, contract="(..., S, d_model)")
+            if context.shape[:-2] != x.shape[:-2] or context.ndim != x.ndim:
+                raise ValueError(f"context must have shape (..., S, d_model) with the leading axes of x "
+                                 f"{tuple(x.shape[:-2])}, got {tuple(context.shape)}")
+            context = flatten_leading(context, 2)[0]
+        x, lead = flatten_leading(x, 2)
+        return x, context, lead
+
+    def _qkv(self, x: Tensor, context: Tensor | None, rope) -> tuple[Tensor, Tensor, Tensor]:
+        """Validated 3-D inputs -> per-head ``q (B, H, T, D)``, ``k, v (B, H_kv, S, D)``, RoPE applied."""
+        src = x if context is None else context
         q = self._heads(self.q_proj(x), self.n_heads)
         k = self._heads(self.k_proj(src), self.n_kv_heads)
         v = self._heads(self.v_proj(src), self.n_kv_heads)
@@ -371,13 +402,7 @@ class MultiHeadAttention(nn.Module):
             if context is not None:
                 raise ValueError("rope applies to self-attention only (queries and keys share positions); "
                                  "got rope together with a cross-attention context")
-            cos, sin = rope
-            B, T = x.shape[:2]
-            shapes = ((T, self.head_dim), (B, T, self.head_dim))
-            if tuple(cos.shape) not in shapes or sin.shape != cos.shape:
-                raise ValueError(f"rope (cos, sin) must each have shape (T, D) = ({T}, {self.head_dim}) or "
-                                 f"(B, T, D) = ({B}, {T}, {self.head_dim}), got {tuple(cos.shape)} and "
-                                 f"{tuple(sin.shape)}")
+            cos, sin = self._rope_tables(rope, x.shape[0], x.shape[1])
             q, k = apply_rope(q, cos, sin, self.rope_layout), apply_rope(k, cos, sin, self.rope_layout)
         return q, k, v
 
@@ -394,20 +419,23 @@ class MultiHeadAttention(nn.Module):
                 [0.5000, 0.5000, 0.0000],
                 [0.3333, 0.3333, 0.3333]], grad_fn=<SelectBackward0>)
         """
+        x, context, lead = self._batched(x, context)
         q, k, v = self._qkv(x, context, rope)
         _, w = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, return_weights=True,
                                             causal_alignment=causal_alignment)
-        return w
+        return w.reshape(*lead, *w.shape[1:]) if lead else w.squeeze(0)
 
     def forward(self, x: Float[Tensor, "B T C"], context: Float[Tensor, "B S C"] | None = None,
                 mask: Tensor | None = None, is_causal: bool = False, rope=None,
                 causal_alignment: str = "bottom_right") -> Float[Tensor, "B T C"]:
+        x, context, lead = self._batched(x, context)
         q, k, v = self._qkv(x, context, rope)
         o = scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal,
                                          dropout_p=self.dropout if self.training else 0.0,
                                          causal_alignment=causal_alignment)
         B, _, T, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        y = self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return y.reshape(*lead, T, self.d_model) if lead else y.squeeze(0)
 
 
 @implements("03.04")

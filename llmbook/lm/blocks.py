@@ -229,7 +229,11 @@ class _Block(nn.Module):
         return stochastic_depth(h, self.drop(branch), self.p_survive, self.training)
 
     def _check(self, h: Tensor) -> Tensor:
-        return check_module_input(self, h, "h", d=self.d_model, ndim=3, contract="(B, T, d_model)")
+        """``h (..., T, d_model)``: any leading axes (the sublayers accept them; attention flattens them)."""
+        h = check_module_input(self, h, "h", d=self.d_model, contract="(..., T, d_model)")
+        if h.ndim < 2:
+            raise ValueError(f"h must have shape (..., T, d_model), got {tuple(h.shape)}")
+        return h
 
 
 @implements("02.05")

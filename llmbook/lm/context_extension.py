@@ -25,6 +25,7 @@ from torch import Tensor
 
 from llmbook._checks import (
     as_tensor,
+    check_batch_broadcast,
     check_dim,
     check_int,
     check_nonempty,
@@ -189,6 +190,7 @@ def yarn_attention_factor(factor: float) -> float:
     >>> round(yarn_attention_factor(4.0), 4)
     1.1386
     """
+    factor = check_range(factor, "factor", 0.0, low_open=True)  # the scale s of the context, > 0
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
@@ -320,6 +322,7 @@ def attention_sink_scores(q: Float[Tensor, "... T D"], k: Float[Tensor, "... T_k
     if k.shape[-1] != D or T_k < T:
         raise ValueError(f"q (..., T, D) = {tuple(q.shape)} and k (..., T_k, D) = {tuple(k.shape)} need the same D "
                          f"and T_k >= T")
+    check_batch_broadcast(q, k, 2, "q (..., T, D)", "k (..., T_k, D)")
     n_sink = check_int(n_sink, "n_sink", low=0, high=T_k, what=f"an int in [0, T_k] = [0, {T_k}]")
     z = upcast_half(q) @ upcast_half(k).transpose(-1, -2) / math.sqrt(D)
     if causal:

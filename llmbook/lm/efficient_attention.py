@@ -52,6 +52,12 @@ FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
 }
 
+#: log phi(x) of the maps that have one everywhere (elu(x) + 1 is exp(x) below 0 and 1 + x above). With it the
+#: kernel sums are formed in log space, so features that underflow (exp(-300) is 0 in float32) still weigh in.
+_LOG_FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
+    "elu": lambda x: torch.where(x < 0, x, torch.log1p(x.clamp_min(0))),
+}
+
 
 def _inputs(q, k, v):
     """Validated 4-D ``q, k, v`` with the key/value heads repeated to ``H`` (GQA), plus ``squeeze`` and the dtype.
@@ -81,6 +87,21 @@ def _feature_map(feature_map) -> Callable[[Tensor], Tensor]:
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:
     # features are non-negative, so a zero denominator means a zero numerator: the output is 0
     return num / den.clamp_min(torch.finfo(den.dtype).tiny).unsqueeze(-1)
+
+
+def _log_kernel_attention_causal(lq: Tensor, lk: Tensor, v: Tensor, max_elements: int = 1 << 22) -> Tensor:
+    """Causal kernel attention from log-features: weights :math:`\\log A_{ij} = \\mathrm{LSE}_r(\\log\\phi(q_i)_r +
+    \\log\\phi(k_j)_r)`, normalised over the allowed keys by a softmax (exact, no underflow); rows in chunks."""
+    T_q, T_k, D = lq.shape[-2], lk.shape[-2], lq.shape[-1]
+    allowed = causal_mask(T_q, T_k, device=lq.device).bool()
+    rows = max(1, max_elements // max(1, T_k * D * lq.shape[0] * lq.shape[1]))
+    outs = []
+    for i in range(0, T_q, rows):
+        logA = torch.logsumexp(lq[..., i:i + rows, None, :] + lk[..., None, :, :], dim=-1)
+        logA = logA.masked_fill(~allowed[i:i + rows], float("-inf"))
+        w = torch.softmax(logA, dim=-1).nan_to_num(0.0)  # a row with no allowed key gives 0
+        outs.append(w @ v)
+    return torch.cat(outs, dim=-2) if outs else v.new_zeros(*lq.shape[:-1], v.shape[-1])
 
 
 def _kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, causal: bool) -> Tensor:
@@ -117,7 +138,16 @@ def linear_attention(
     """
     q4, k4, v4, squeeze, dtype = _inputs(q, k, v)
     phi = _feature_map(feature_map)
-    out = _kernel_attention(phi(q4), phi(k4), v4, causal)
+    log_phi = _LOG_FEATURE_MAPS.get(feature_map) if isinstance(feature_map, str) else None
+    if log_phi is None:
+        out = _kernel_attention(phi(q4), phi(k4), v4, causal)
+    elif causal:
+        out = _log_kernel_attention_causal(log_phi(q4), log_phi(k4), v4)
+    else:  # each feature's sum over keys, shifted by that feature's largest key: the ratio does not change
+        lk = log_phi(k4)
+        M = lk.amax(-2, keepdim=True)  # (B, H, 1, D_phi)
+        lq = log_phi(q4) + M
+        out = _kernel_attention((lq - lq.amax(-1, keepdim=True)).exp(), (lk - M).exp(), v4, causal=False)
     return _output(out, squeeze, dtype)
 
 
@@ -143,15 +173,33 @@ def linear_attention_recurrent(
     if k4.shape[2] != T:
         raise ValueError(f"the recurrent form is self-attention: T_q ({T}) must equal T_k ({k4.shape[2]})")
     phi = _feature_map(feature_map)
-    phi_q, phi_k = phi(q4), phi(k4)
-    S = q4.new_zeros(B, H, phi_k.shape[-1], v4.shape[-1])
-    z = q4.new_zeros(B, H, phi_k.shape[-1])
+    log_phi = _LOG_FEATURE_MAPS.get(feature_map) if isinstance(feature_map, str) else None
     outs = []
-    for t in range(T):
-        S = S + phi_k[:, :, t, :, None] * v4[:, :, t, None, :]
-        z = z + phi_k[:, :, t]
-        num = (phi_q[:, :, t, :, None] * S).sum(-2)
-        outs.append(_safe_div(num, (phi_q[:, :, t] * z).sum(-1)))
+    if log_phi is None:
+        phi_q, phi_k = phi(q4), phi(k4)
+        S = q4.new_zeros(B, H, phi_k.shape[-1], v4.shape[-1])
+        z = q4.new_zeros(B, H, phi_k.shape[-1])
+        for t in range(T):
+            S = S + phi_k[:, :, t, :, None] * v4[:, :, t, None, :]
+            z = z + phi_k[:, :, t]
+            num = (phi_q[:, :, t, :, None] * S).sum(-2)
+            outs.append(_safe_div(num, (phi_q[:, :, t] * z).sum(-1)))
+    else:
+        # the state in log-space scale: S_t = exp(m_t) * S~_t feature by feature, m_t the running largest
+        # log phi(k); as FlashAttention rescales its running sums, S~ and z~ are rescaled when m grows
+        lq, lk = log_phi(q4), log_phi(k4)
+        m = lk.new_full((B, H, lk.shape[-1]), float("-inf"))
+        S = q4.new_zeros(B, H, lk.shape[-1], v4.shape[-1])
+        z = q4.new_zeros(B, H, lk.shape[-1])
+        for t in range(T):
+            m_new = torch.maximum(m, lk[:, :, t])
+            decay, w = (m - m_new).exp(), (lk[:, :, t] - m_new).exp()
+            S = S * decay[..., None] + w[..., None] * v4[:, :, t, None, :]
+            z = z * decay + w
+            m = m_new
+            a = lq[:, :, t] + m  # log of phi(q_t) times each feature's scale
+            a = (a - a.amax(-1, keepdim=True)).exp()
+            outs.append(_safe_div((a[..., None] * S).sum(-2), (a * z).sum(-1)))
     out = torch.stack(outs, dim=2)
     return _output(out, squeeze, dtype)
 
@@ -199,6 +247,8 @@ def favor_features(x: Float[Tensor, "... D"], omega: Float[Tensor, "m D"]) -> Fl
     if x.ndim == 0 or omega.ndim != 2 or x.shape[-1] != omega.shape[-1]:
         raise ValueError(f"x (..., D) {tuple(x.shape)} and omega (m, D) {tuple(omega.shape)} must share D")
     check_same_dtype(x, omega, "x", "omega")
+    if omega.shape[0] == 0:
+        raise ValueError(f"omega (m, D) {tuple(omega.shape)} must hold at least one direction (m >= 1)")
     dtype, x, omega = x.dtype, upcast_half(x), upcast_half(omega)  # fp16: |x|^2 and x omega overflow at |x| ~ 256
     m = omega.shape[0]
     log_phi = x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(m)
@@ -235,6 +285,8 @@ def performer_attention(
         omega = as_tensor(omega, "omega")
         check_dim(omega, "omega", f"(m, D) with D = {D}", min_dim=2, max_dim=2)
         check_size(omega, -1, D, "omega", f"(m, D) with D = {D}")
+        if omega.shape[0] == 0:
+            raise ValueError(f"omega (m, D) {tuple(omega.shape)} must hold at least one direction (m >= 1)")
         if omega.dtype not in (dtype, q4.dtype):  # fp16 / bf16 inputs compute in (and accept) float32
             allowed = dtype if dtype == q4.dtype else f"{dtype} or {q4.dtype}"
             raise TypeError(f"omega ({omega.dtype}) must have the dtype of q, k, v ({allowed})")

@@ -47,7 +47,7 @@ from llmbook.lm.rope import (
     rope_cos_sin,
 )
 
-__all__ = ["GPTConfig", "TinyGPT", "llama_key_map", "pretrained_tiny"]
+__all__ = ["GPTConfig", "TinyGPT", "llama_key_map"]
 
 
 @dataclass(frozen=True)
@@ -138,9 +138,10 @@ class GPTConfig:
 class TinyGPT(nn.Module):
     r"""Decoder-only transformer: embedding -> ``L`` pre-norm RMSNorm/RoPE/GQA/SwiGLU blocks -> norm -> tied head.
 
-    ``forward(ids (B, T), positions=None) -> logits (B, T, V)``; ``positions`` (default ``0..T-1``) only
-    moves RoPE: a ``(T,)`` tensor shared by the batch (to continue a sequence) or a ``(B, T)`` tensor with
-    one row per sequence (left padding, packed sequences). Attention is causal. Weights start as
+    ``forward(ids (B, T), positions=None) -> logits (B, T, V)``, or with any leading axes,
+    ``(..., T) -> (..., T, V)``; ``positions`` (default ``0..T-1``) only moves RoPE: a ``(T,)`` tensor shared
+    by the batch (to continue a sequence) or a tensor of ``ids``' shape with one row per sequence (left
+    padding, packed sequences). Attention is causal. Weights start as
     GPT-2/Llama do: :math:`\mathcal{N}(0, 0.02^2)` for every matrix, norms at one.
 
     >>> model = TinyGPT(GPTConfig())
@@ -172,25 +173,31 @@ class TinyGPT(nn.Module):
         """Number of trainable scalars, each shared tensor counted once (a tied head adds nothing)."""
         return sum(p.numel() for p in self.parameters())
 
-    def hidden_states(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
-                      ) -> Float[Tensor, "B T C"]:
-        r"""The final normalised hidden states :math:`\mathrm{RMSNorm}(h^{(L)})`, the input of the LM head."""
+    def hidden_states(self, ids: Int[Tensor, "*B T"], positions: Int[Tensor, "*B T"] | None = None
+                      ) -> Float[Tensor, "*B T C"]:
+        r"""The final normalised hidden states :math:`\mathrm{RMSNorm}(h^{(L)})`, the input of the LM head.
+
+        ``ids`` is ``(B, T)`` or has any leading axes, ``(..., T)`` (``(T,)`` for one sequence); ``positions``
+        is ``(T,)`` or has the shape of ``ids``. The result is ``(..., T, C)``.
+        """
         cfg = self.config
         ids = check_token_ids(ids, cfg.vocab_size)
-        if ids.ndim != 2 or ids.shape[1] == 0:
-            raise ValueError(f"ids must have shape (B, T) with T >= 1, got {tuple(ids.shape)}")
-        B, T = ids.shape
+        if ids.ndim == 0 or ids.shape[-1] == 0:
+            raise ValueError(f"ids must have shape (..., T) with T >= 1, got {tuple(ids.shape)}")
+        lead, T = tuple(ids.shape[:-1]), ids.shape[-1]
+        ids = ids.reshape(-1, T)
         if positions is None:
             positions = torch.arange(T, device=ids.device)
         positions = torch.as_tensor(positions, device=ids.device)
-        if positions.shape not in ((T,), (B, T)):
-            raise ValueError(f"positions must have shape (T,) = ({T},) or (B, T) = ({B}, {T}), "
+        if positions.shape not in ((T,), (*lead, T)):
+            raise ValueError(f"positions must have shape (T,) = ({T},) or that of ids {(*lead, T)}, "
                              f"got {tuple(positions.shape)}")
+        positions = positions.reshape(-1, T) if positions.ndim > 1 else positions
         h = self.embed(ids)
         cos, sin = rope_cos_sin(positions, cfg.head_dim, base=cfg.rope_theta, dtype=h.dtype)
         for block in self.blocks:
             h = block(h, is_causal=True, rope=(cos, sin))
-        return self.norm(h)
+        return self.norm(h).reshape(*lead, T, cfg.d_model)
 
     @torch.no_grad()
     def attention_maps(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
@@ -219,8 +226,8 @@ class TinyGPT(nn.Module):
             h = block(h, is_causal=True, rope=(cos, sin))
         return torch.stack(maps)
 
-    def forward(self, ids: Int[Tensor, "B T"], positions: Int[Tensor, "*B T"] | None = None
-                ) -> Float[Tensor, "B T V"]:
+    def forward(self, ids: Int[Tensor, "*B T"], positions: Int[Tensor, "*B T"] | None = None
+                ) -> Float[Tensor, "*B T V"]:
         return self.head(self.hidden_states(ids, positions))
 
     # ------------------------------------------------------------------ transformers interop
@@ -298,15 +305,3 @@ class TinyGPT(nn.Module):
             ids = torch.cat([ids, nxt.unsqueeze(-1)], dim=1)
         return ids
 
-
-def pretrained_tiny(path=None):
-    """The book's trained tiny GPT and its character tokenizer: ``model, tok = pretrained_tiny()``.
-
-    The running example of the book: a :class:`TinyGPT` trained on the book's corpus by
-    ``python -m llmbook train`` (chapter 8), loaded in eval mode from the committed checkpoint. This is
-    :func:`llmbook.lm.training.pretrained_tiny` (see there; :func:`llmbook.lm.training.generate_text`
-    samples from it, :func:`llmbook.lm.training.read_log` gives its training curve).
-    """
-    from llmbook.lm.training import pretrained_tiny as load  # training imports this module
-
-    return load(path)

@@ -205,6 +205,17 @@ class QLoRALinear(nn.Module):
 # --------------------------------------------------------------------------- 11.03 DoRA
 
 
+def _dora_scale(V: Tensor, m: Tensor) -> Tensor:
+    """``m / ||V||_c`` per output row, with the norm detached; 0 for a zero row (so a zero row stays zero).
+
+    The norm is replaced by 1 where it is 0 *before* dividing, so neither the value nor the gradient of ``m``
+    meets ``m / 0`` (``m / tiny`` would overflow to inf for ``m`` above about 4, and ``0 * inf`` is NaN).
+    """
+    norm = torch.linalg.vector_norm(V, dim=1).detach()
+    zero = norm == 0
+    return torch.where(zero, torch.zeros_like(m), m / torch.where(zero, torch.ones_like(norm), norm))
+
+
 @implements("11.03")
 def dora_linear(x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_out d_in"], A: Float[Tensor, "r d_in"],
                 B: Float[Tensor, "d_out r"], m: Float[Tensor, " d_out"], alpha: float, bias: Tensor | None = None,
@@ -227,8 +238,7 @@ def dora_linear(x: Float[Tensor, "... d_in"], W: Float[Tensor, "d_out d_in"], A:
     dtype, x, W, A, B, bias, r = _lowrank_args(x, W, A, B, bias)
     m = upcast_half(check_shape(m, (W.shape[0],), "m", "(d_out,), one magnitude per output row"))
     V = W + lora_scaling(alpha, r, rslora) * (B @ A)
-    norm = torch.linalg.vector_norm(V, dim=1).detach()
-    W_prime = V * (m / norm.clamp_min(torch.finfo(norm.dtype).tiny))[:, None]
+    W_prime = V * _dora_scale(V, m)[:, None]
     y = x @ W_prime.T
     return restore_half(y if bias is None else y + bias, dtype)
 
@@ -248,7 +258,7 @@ class DoRALinear(LoRALinear):
     def merged_weight(self) -> Tensor:
         r""":math:`W'`, the weight :meth:`~llmbook.lm.lora.DoRALinear.merge` writes into the base layer."""
         V = self.base.weight + self.delta_weight()
-        return V * (self.magnitude / torch.linalg.vector_norm(V, dim=1))[:, None]
+        return V * _dora_scale(V, self.magnitude)[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
         x = check_module_input(self, x, d=self.base.in_features, symbol="d_in")

@@ -47,25 +47,21 @@ implementation.)
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
-import time
 import warnings
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
-import torch.multiprocessing as mp
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from llmbook._checks import check_choice, check_nonnegative_int, check_positive_int, check_range
+from llmbook.lm.data_parallel import DataParallel, ShardedOptimizer, launch
 from llmbook.lm.gpt import GPTConfig, TinyGPT
 from llmbook.lm.optim import AdamW
 from llmbook.lm.probability import cross_entropy_loss
 
 __all__ = ["TrainingBytes", "training_bytes", "zero_bytes_per_device", "tensor_bytes", "optimizer_state_bytes",
-           "measure_training_bytes", "MixedPrecisionAdamW", "zero_memory_demo"]
+           "measure_training_bytes", "MixedPrecisionAdamW", "zero_memory_demo", "data_parallel_demo"]
 
 
 @dataclass(frozen=True)
@@ -224,8 +220,11 @@ def _demo_model(seed: int, dtype: torch.dtype) -> TinyGPT:
         return TinyGPT(_DEMO_CONFIG).to(dtype)
 
 
-def _demo_steps(model: nn.Module, optimizer, steps: int, seed: int, rank: int, world_size: int) -> None:
-    """``steps`` AdamW steps on seeded random token batches; each rank takes its ``1/world_size`` of the rows."""
+def _demo_steps(model: nn.Module, optimizer, steps: int, seed: int, rank: int, world_size: int,
+                after_backward=None) -> None:
+    """``steps`` AdamW steps on seeded random token batches; each rank takes its ``1/world_size`` of the rows.
+
+    ``after_backward`` (optional) runs between ``backward`` and ``step`` (a gradient synchronisation)."""
     for t in range(steps):
         g = torch.Generator().manual_seed(seed * 100_003 + t)
         ids = torch.randint(0, _DEMO_CONFIG.vocab_size, (_DEMO_B, _DEMO_T + 1), generator=g)
@@ -233,6 +232,8 @@ def _demo_steps(model: nn.Module, optimizer, steps: int, seed: int, rank: int, w
         loss = cross_entropy_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        if after_backward is not None:
+            after_backward()
         optimizer.step()
 
 
@@ -242,30 +243,21 @@ def _result(model: nn.Module, optimizer, owned) -> dict:
             "params": {k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
-def _zero_worker(rank: int, world_size: int, port: int, steps: int, seed: int, dtype: torch.dtype, lr: float,
-                 out_dir: str) -> None:
+def _zero_worker(steps: int, seed: int, dtype: torch.dtype, lr: float) -> dict:
     """One rank of :func:`zero_memory_demo`: DDP (gradient all-reduce) + ZeroRedundancyOptimizer (sharded AdamW)."""
-    torch.set_num_threads(1)  # first: a forked child must not enter the parent's OpenMP pool
-    dist, ZeroRedundancyOptimizer, DistributedDataParallel = _distributed()
-    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=60))  # the parent's store
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
-    try:
-        model = _demo_model(seed, dtype)
-        ddp = DistributedDataParallel(model)
-        zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=AdamW, lr=lr, weight_decay=0.1)
-        _demo_steps(ddp, zero, steps, seed, rank, world_size)
-        local = zero.optim  # the AdamW over this rank's shard of the parameters
-        torch.save(_result(model, local, [p for g in local.param_groups for p in g["params"]]),
-                   os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    _, ZeroRedundancyOptimizer, DistributedDataParallel = _distributed()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = _demo_model(seed, dtype)
+    ddp = DistributedDataParallel(model)
+    zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=AdamW, lr=lr, weight_decay=0.1)
+    _demo_steps(ddp, zero, steps, seed, rank, world_size)
+    local = zero.optim  # the AdamW over this rank's shard of the parameters
+    return _result(model, local, [p for g in local.param_groups for p in g["params"]])
 
 
 def _distributed():
     """``torch.distributed``, its ``ZeroRedundancyOptimizer`` and DDP, imported on first use (about a second;
     torch's functional optimisers warn about ``torch.jit`` while importing)."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     with warnings.catch_warnings():
@@ -280,7 +272,7 @@ def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: 
 
     ``world_size = 1`` is ordinary single-process training (the reference: plain
     :class:`llmbook.lm.optim.AdamW`, no ``torch.distributed``). ``world_size >= 2`` spawns that many
-    processes (``torch.multiprocessing``, gloo backend on 127.0.0.1; they meet at a ``TCPStore`` that
+    processes (:func:`llmbook.lm.data_parallel.launch`: gloo on 127.0.0.1, meeting at a ``TCPStore`` that
     this process opens first on a free port the OS picks); each takes its share
     of every batch, :class:`~torch.nn.parallel.DistributedDataParallel` averages the gradients and
     :class:`~torch.distributed.optim.ZeroRedundancyOptimizer` gives each rank the AdamW state of only
@@ -297,9 +289,6 @@ def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: 
     """
     world_size = check_positive_int(world_size, "world_size")
     steps = check_nonnegative_int(steps, "steps")
-    check_range(timeout, "timeout", 0.0, low_open=True)
-    start_method = ("fork" if sys.platform == "linux" else "spawn") if start_method is None else start_method
-    check_choice(start_method, "start_method", ("fork", "spawn", "forkserver"))
     if world_size == 1:
         model = _demo_model(seed, dtype)
         opt = AdamW(model.parameters(), lr=lr, weight_decay=0.1)
@@ -308,22 +297,47 @@ def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: 
     else:
         if _DEMO_B % world_size:
             raise ValueError(f"world_size must divide the demo batch B = {_DEMO_B}, got {world_size}")
-        dist = _distributed()[0]  # imported here, so that forked children inherit it
-        # The rendezvous store listens before any child starts, on a port the OS picks: no race for the port.
-        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-        with tempfile.TemporaryDirectory() as out_dir:
-            ctx = mp.start_processes(_zero_worker, args=(world_size, store.port, steps, seed, dtype, lr, out_dir),
-                                     nprocs=world_size, join=False, start_method=start_method)
-            deadline = time.monotonic() + timeout
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    for proc in ctx.processes:
-                        if proc.is_alive():
-                            proc.kill()
-                            proc.join()
-                    raise TimeoutError(f"zero_memory_demo({world_size}) did not finish within {timeout} s")
-            results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(world_size)]
+        _distributed()  # imported here, so that forked children inherit it
+        results = launch(_zero_worker, world_size, steps, seed, dtype, lr, timeout=timeout, start_method=start_method)
     return {"world_size": world_size,
             "n_params": sum(p.numel() for p in _demo_model(seed, dtype).parameters()),
             "state_bytes": [r["state_bytes"] for r in results], "bookkeeping": [r["bookkeeping"] for r in results],
             "owned_params": [r["owned_params"] for r in results], "params": results[0]["params"]}
+
+
+def _dp_worker(steps: int, seed: int, bucket_size_mb, sharded: bool) -> dict:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = DataParallel(_demo_model(seed + rank, torch.float64), bucket_size_mb)  # rank 0's weights win
+    opt = (ShardedOptimizer(model.parameters(), AdamW, lr=1e-2, weight_decay=0.1) if sharded
+           else AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+    _demo_steps(model, opt, steps, seed, rank, world_size, after_backward=model.finish_gradient_synchronization)
+    local = opt.optim if sharded else opt
+    return {"params": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
+            "allreduce_bytes": model.communicated_bytes,
+            "broadcast_bytes": opt.communicated_bytes if sharded else 0,
+            "state_bytes": optimizer_state_bytes(local)[0] if local is not None else 0,
+            "owned_params": sum(p.numel() for p in opt.owned) if sharded else model.module.num_parameters(),
+            "n_params": model.module.num_parameters()}
+
+
+def data_parallel_demo(world_size: int = 2, steps: int = 3, seed: int = 0, bucket_size_mb: float | None = None,
+                       sharded: bool = False, timeout: float = 120.0) -> dict:
+    """Train the demo's small float64 TinyGPT with the book's DDP wrapper (and ZeRO-1), measure each rank.
+
+    The wrapper is :class:`~llmbook.lm.data_parallel.DataParallel`; with ``sharded`` the optimiser is
+    :class:`~llmbook.lm.data_parallel.ShardedOptimizer` over AdamW; ``world_size`` gloo processes, seeded
+    token batches as in :func:`zero_memory_demo`.
+
+    Each rank starts from its own random weights (the wrapper's broadcast makes them rank 0's) and takes its
+    ``1/world_size`` of every batch. Returns ``{"n_params"`` (the model's parameters, a tied matrix once),
+    ``"params"``: rank 0's final state dict, ``"same_on_every_rank"``, and per rank
+    "allreduce_bytes", "broadcast_bytes", "state_bytes" (Adam's m and v held), "owned_params"}``. Compare
+    the weights with :func:`zero_memory_demo` ``(world_size=1)``, single-process training.
+    """
+    results = launch(_dp_worker, world_size, steps, seed, bucket_size_mb, sharded, timeout=timeout)
+    out = {"n_params": results[0]["n_params"], "params": results[0]["params"],
+           "same_on_every_rank": all(torch.equal(r["params"][k], v) for r in results
+                                     for k, v in results[0]["params"].items())}
+    for key in ("allreduce_bytes", "broadcast_bytes", "state_bytes", "owned_params"):
+        out[key] = [r[key] for r in results]
+    return out

@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from llmbook._checks import check_module_input, check_positive_int, check_range
+from llmbook._precision import restore_half, upcast_half
 from llmbook.lm.moe import (
     _matrices,
     capacity_mask,
@@ -91,22 +92,23 @@ class MoELayer(nn.Module):
         self.register_buffer("routing_bias", torch.zeros(E, dtype=dtype))
 
     def expert(self, e: int, rows: Float[Tensor, "n C"]) -> Float[Tensor, "n C"]:
-        """Run expert ``e`` on a batch of rows."""
-        h = rows @ self.W_in[e].T
+        """Run expert ``e`` on a batch of rows (fp16/bf16 rows are computed in float32, rounded once)."""
+        h = upcast_half(rows) @ upcast_half(self.W_in[e]).T
         if self.activation == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.relu(h) if self.activation == "relu" else F.gelu(h)
-        return h @ self.W_out[e].T
+        return restore_half(h @ upcast_half(self.W_out[e]).T, rows.dtype)
 
     def route(self, x: Float[Tensor, "N C"]) -> Routing:
         """Router logits, probabilities, top-k choices and the capacity mask for ``N`` tokens."""
-        logits = x @ self.W_g.T
+        logits = upcast_half(x) @ upcast_half(self.W_g).T  # fp16/bf16: routed in float32
         probs = softmax(logits)
         use_bias = bool(self.routing_bias.any())
         w, ids = top_k_routing(probs, self.K, renormalize=self.renormalize,
-                               bias=self.routing_bias if use_bias else None)
+                               bias=upcast_half(self.routing_bias) if use_bias else None)
+        logits, probs, w = (restore_half(t, x.dtype) for t in (logits, probs, w))
         capacity = None
         keep = torch.ones_like(ids, dtype=torch.bool)
         if self.capacity_factor is not None:

@@ -14,7 +14,8 @@ NormalFloat (NF4, levels at normal quantiles) and double quantisation are in :mo
 ``round`` is round-half-to-even everywhere (``torch.round``), as in ``torch.fake_quantize_*``.
 Half-precision inputs are computed in float32 (``llmbook._precision``); integer codes are returned
 as ``int64`` tensors. Names used by other chapters (QLoRA, chapter 11) and kept stable:
-:func:`absmax_quantize`, :func:`dequantize` (and the NF4 names of :mod:`llmbook.lm.nf4`, importable from here).
+:func:`absmax_quantize`, :func:`dequantize`. The NF4 names are imported from :mod:`llmbook.lm.nf4`, which
+builds on this module (never the other way round).
 """
 
 from __future__ import annotations
@@ -39,17 +40,6 @@ from llmbook.registry import implements
 
 __all__ = ["affine_quantize", "dequantize", "absmax_quantize", "asymmetric_quantize", "per_channel_quantize",
            "quantize_kv", "ste_fake_quantize", "STEFakeQuantize"]
-
-_NF4_NAMES = ("nf4_code", "nf4_quantize", "nf4_dequantize", "DoubleQuantized", "double_quantize", "double_dequantize")
-
-
-def __getattr__(name: str):
-    """NF4 and double quantisation live in :mod:`llmbook.lm.nf4`; they stay importable from here too."""
-    if name in _NF4_NAMES:
-        from llmbook.lm import nf4
-
-        return getattr(nf4, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _x(x, name: str = "x") -> Tensor:

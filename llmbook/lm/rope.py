@@ -31,6 +31,7 @@ from torch import Tensor
 
 from llmbook._checks import (
     as_tensor,
+    check_batch_broadcast,
     check_dim,
     check_finite,
     check_int,
@@ -312,6 +313,7 @@ def rope_relative_score(q: Float[Tensor, "... D"], k: Float[Tensor, "... D"], de
     check_same_dtype(q, k, "q", "k")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q (..., D) = {tuple(q.shape)} and k (..., D) = {tuple(k.shape)} disagree on D")
+    check_batch_broadcast(q, k, 1, "q (..., D)", "k (..., D)")
     delta = check_real(delta.item() if isinstance(delta, Tensor) and delta.numel() == 1 else delta, "delta")
     R = rope_rotation_matrix(delta, q.shape[-1], base, inv_freq, dtype=compute_dtype(q.dtype))
     return restore_half((upcast_half(q) * (upcast_half(k) @ R.T)).sum(-1), q.dtype)

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmbook._checks import check_choice, check_positive_int, check_range
+from llmbook._checks import check_choice, check_int, check_positive_int, check_range
 from llmbook.registry import implements
 
 __all__ = ["BLEUScore", "PRF", "tokenize_13a", "tokenize_rouge", "ngram_counts", "modified_precision",
@@ -121,14 +121,15 @@ def modified_precision(hypothesis: list[str], references: list[list[str]], n: in
 def brevity_penalty(c: int, r: int) -> float:
     r"""BLEU's brevity penalty: :math:`BP = 1` if :math:`c > r`, else :math:`e^{1 - r/c}`.
 
-    ``c`` is the hypothesis length and ``r`` the effective reference length (tokens, summed over the
-    corpus). Precision alone rewards saying little; :math:`BP` charges short output instead.
+    ``c`` is the hypothesis length and ``r`` the effective reference length (token counts, ints, summed
+    over the corpus). Precision alone rewards saying little; :math:`BP` charges short output instead.
     :math:`c = 0 < r` gives :math:`BP = 0` (the limit), and :math:`c = r` gives 1.
 
     >>> round(brevity_penalty(9, 10), 4), brevity_penalty(12, 10)
     (0.8948, 1.0)
     """
-    c, r = check_range(c, "c", 0.0), check_range(r, "r", 0.0)
+    c, r = check_int(c, "c", low=0, what="a token count (a non-negative int)"), check_int(
+        r, "r", low=0, what="a token count (a non-negative int)")
     if c >= r:
         return 1.0
     return math.exp(1.0 - r / c) if c > 0 else 0.0

@@ -157,26 +157,37 @@ def _plain(config):
 
 
 def save_checkpoint(path, model: nn.Module, optimizer: torch.optim.Optimizer | None, iteration: int,
-                    config) -> Path:
-    """Write ``{"model", "optimizer", "iteration", "config"}`` to ``path`` with ``torch.save``; returns the path.
+                    config=None):
+    """Write ``{"model", "optimizer", "iteration", "config"}`` to ``path`` with ``torch.save``; returns ``path``.
 
-    ``model`` and ``optimizer`` are stored as state dicts (``optimizer=None`` stores ``None``: a release
-    checkpoint without optimiser state, a third of the size). ``config`` is a dict or dataclass of plain
-    data (nested dataclasses become dicts), so :func:`load_checkpoint` can read the file with
-    ``weights_only=True``. To resume, rebuild the model and optimiser from the config, then
-    ``model.load_state_dict(ckpt["model"])`` and ``optimizer.load_state_dict(ckpt["optimizer"])``.
+    ``path`` is a ``str``, a path or a binary file-like object (``io.BytesIO``, an open file): anything
+    ``torch.save`` writes to. ``model`` and ``optimizer`` are stored as state dicts (``optimizer=None``
+    stores ``None``: a release checkpoint without optimiser state, a third of the size). ``config``
+    (optional) is a dict or dataclass of plain data (nested dataclasses become dicts), so
+    :func:`load_checkpoint` can read the file with ``weights_only=True``. To resume, rebuild the model and
+    optimiser, then ``model.load_state_dict(ckpt["model"])`` and ``optimizer.load_state_dict(ckpt["optimizer"])``.
+
+    >>> import io
+    >>> buf = io.BytesIO()
+    >>> _ = save_checkpoint(buf, nn.Linear(2, 2), None, 7)
+    >>> _ = buf.seek(0)
+    >>> load_checkpoint(buf)["iteration"]
+    7
     """
     iteration = check_int(iteration, "iteration", low=0, what="an int >= 0")
     state = {"model": model.state_dict(), "optimizer": None if optimizer is None else optimizer.state_dict(),
-             "iteration": iteration, "config": _plain(config)}
-    path = Path(path)
-    torch.save(state, path)
-    return path
+             "iteration": iteration, "config": None if config is None else _plain(config)}
+    target = path if hasattr(path, "write") else Path(path)
+    torch.save(state, target)
+    return target
 
 
 def load_checkpoint(path) -> dict:
-    """Read a checkpoint of :func:`save_checkpoint` with ``torch.load(weights_only=True)``, on the CPU."""
-    return torch.load(Path(path), map_location="cpu", weights_only=True)
+    """Read a checkpoint of :func:`save_checkpoint` with ``torch.load(weights_only=True)``, on the CPU.
+
+    ``path`` is a ``str``, a path or a binary file-like object positioned at the checkpoint's start.
+    """
+    return torch.load(path if hasattr(path, "read") else Path(path), map_location="cpu", weights_only=True)
 
 
 def model_from_checkpoint(ckpt: dict) -> TinyGPT:

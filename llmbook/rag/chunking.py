@@ -34,9 +34,11 @@ from llmbook._checks import (
     check_int,
     check_nonnegative_int,
     check_positive_int,
+    check_range,
     check_real,
 )
 from llmbook._precision import restore_half, upcast_half
+from llmbook.rag.corpus import passage_text
 from llmbook.registry import implements
 
 __all__ = ["Chunk", "Coverage", "Boundaries", "chunk_spans", "fixed_size_chunks", "window_coverage",
@@ -193,7 +195,7 @@ def semantic_boundaries(e, tau: float) -> Boundaries:
     e = as_tensor(e, "e")
     check_dim(e, "e", "(N, D)", min_dim=2, max_dim=2)
     check_finite(e, "e")
-    tau = check_real(tau, "tau")
+    tau = check_range(tau, "tau", 0.0, 2.0)  # a cosine distance lies in [0, 2]
     x = upcast_half(e)
     if x.shape[0] <= 1:
         d = x.new_zeros(0)
@@ -242,7 +244,7 @@ def chunk_passages(passages, L: int, S: int, *, by: str = "passage", text=None):
 
     ``by="passage"`` chunks each passage on its own; ``by="section"`` first joins the consecutive
     passages of one web section (same ``id`` before ``/``), so a window may straddle two passages.
-    ``text(p)`` gives the string of a passage (default :func:`llmbook.rag.encoder.passage_text`).
+    ``text(p)`` gives the string of a passage (default :func:`llmbook.rag.corpus.passage_text`).
 
     Returns ``(texts, owners)``: the chunk strings, and for each chunk the sorted list of the indices of
     the passages its words come from (the input to :func:`chunk_scores_to_passages`).
@@ -252,7 +254,6 @@ def chunk_passages(passages, L: int, S: int, *, by: str = "passage", text=None):
     >>> owners[0]
     [0]
     """
-    from llmbook.rag.encoder import passage_text
 
     text = passage_text if text is None else text
     if by not in ("passage", "section"):

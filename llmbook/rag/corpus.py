@@ -42,7 +42,7 @@ from pathlib import Path
 from llmbook.chapters import CHAPTERS
 
 __all__ = ["MIN_CHARS", "Passage", "Query", "anchor_slug", "build_corpus", "load_corpus", "load_queries",
-           "notebook_passages", "plain_text", "qrels", "write_corpus"]
+           "notebook_passages", "passage_text", "plain_text", "qrels", "write_corpus"]
 
 #: A cell piece shorter than this (in characters of plain text) joins the passage before it, in the same block.
 MIN_CHARS = 200
@@ -304,3 +304,12 @@ def qrels(queries: list[Query], passages: list[Passage]) -> dict[str, dict[str, 
             raise ValueError(f"query {q.id!r} judges sections that have no passage in the corpus: {missing}")
         out[q.id] = {pid: g for s, g in q.relevance.items() for pid in by_section[s]}
     return out
+
+
+def passage_text(passage) -> str:
+    """The text of a passage that every retriever of Part II indexes: its heading, a full stop, its text.
+
+    >>> passage_text(load_corpus()[0]).startswith(load_corpus()[0].heading)
+    True
+    """
+    return f"{passage.heading}. {passage.text}" if passage.heading else passage.text

@@ -33,8 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DIM", "MAX_TOKENS", "MODEL_NAME", "cache_texts", "corpus_embeddings", "encode", "extra_texts",
-           "load_model", "needs_model", "passage_text", "query_embeddings", "token_counts", "write_cache"]
+from llmbook.rag.corpus import load_corpus, load_queries, passage_text
+
+__all__ = ["DIM", "MAX_TOKENS", "MODEL_NAME", "corpus_embeddings", "encode", "extra_texts",
+           "load_model", "needs_model", "query_embeddings", "token_counts", "write_cache"]
 
 #: Output dimension of all-MiniLM-L6-v2.
 DIM = 384
@@ -49,16 +51,6 @@ MAX_TOKENS = 256
 _MODEL = None
 _CACHE: dict[str, np.ndarray] | None = None
 _TOKENS: dict[str, int] = {}
-
-
-def passage_text(passage) -> str:
-    """The text of a passage that every retriever of Part II indexes: its heading, a full stop, its text.
-
-    >>> from llmbook.rag.corpus import load_corpus
-    >>> passage_text(load_corpus()[0]).startswith(load_corpus()[0].heading)
-    True
-    """
-    return f"{passage.heading}. {passage.text}" if passage.heading else passage.text
 
 
 def _key(text: str) -> str:
@@ -172,16 +164,12 @@ def encode(texts: Sequence[str], *, use_cache: bool = True) -> torch.Tensor:
 
 def corpus_embeddings(passages=None) -> torch.Tensor:
     """Embeddings of the corpus passages (default: the shipped book corpus), shape ``(N, 384)``."""
-    from llmbook.rag.corpus import load_corpus
-
     passages = load_corpus() if passages is None else passages
     return encode([passage_text(p) for p in passages])
 
 
 def query_embeddings(queries=None) -> torch.Tensor:
     """Embeddings of the labelled queries (default: all of them), shape ``(B, 384)``."""
-    from llmbook.rag.corpus import load_queries
-
     queries = load_queries() if queries is None else queries
     return encode([q.text for q in queries])
 
@@ -193,19 +181,6 @@ def extra_texts(path: str | Path | None = None) -> list[str]:
         return []
     lines = f.read_text(encoding="utf-8").splitlines()
     return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
-
-
-def cache_texts(passages=None, queries=None) -> list[str]:
-    """Every text the cache must hold: passages, their headings and chunks, queries, extra texts (deduplicated)."""
-    from llmbook.rag.corpus import load_corpus, load_queries
-
-    passages = load_corpus() if passages is None else passages
-    queries = load_queries() if queries is None else queries
-    from llmbook.rag.pipeline import chunk_texts
-
-    texts = ([passage_text(p) for p in passages] + [p.heading for p in passages if p.heading]
-             + chunk_texts(passages)[0] + [q.text for q in queries] + extra_texts())
-    return list(dict.fromkeys(texts))
 
 
 def write_cache(texts: Sequence[str], path: str | Path) -> tuple[int, int]:

@@ -155,6 +155,9 @@ def lost_in_middle_weight(pos, L, alpha: float = 0.5, beta: float = 0.5) -> torc
     L = check_real(L, "L")
     if L <= 0:
         raise ValueError(f"L must be a positive position (the end of the context), got {L}")
+    if pos.numel() and (float(pos.min()) < 0 or float(pos.max()) > L):
+        raise ValueError(f"pos must lie in [0, L] = [0, {L:g}] (the start and the end of the context), "
+                         f"got values in [{float(pos.min()):g}, {float(pos.max()):g}]")
     alpha, beta = check_real(alpha, "alpha"), check_real(beta, "beta")
     x = upcast_half(pos)
     w = alpha + beta * (2 * (x / L) - 1).abs()

@@ -15,16 +15,16 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from llmbook.rag import encoder, fusion, metrics, sparse
-from llmbook.rag.corpus import Passage, Query, load_corpus, load_queries, qrels
+from llmbook.rag import chunking, encoder, fusion, metrics, sparse
+from llmbook.rag.corpus import Passage, Query, load_corpus, load_queries, passage_text, qrels
 from llmbook.rag.sparse import analyze
 
 #: The retrievers :func:`search` offers; ``"hybrid"`` is the part's pipeline (see :func:`hybrid_scores`).
 METHODS = ("hybrid", "bm25", "dense")
 
-__all__ = ["CHUNK_STRIDE", "CHUNK_WORDS", "METHODS", "METRICS", "BookData", "Hit", "book_data", "chunk_texts",
-           "dense_chunk_scores", "dense_scores", "evaluate_scores", "hybrid_scores", "labels_matrix", "metrics_table",
-           "search", "sparse_scores"]
+__all__ = ["CHUNK_STRIDE", "CHUNK_WORDS", "METHODS", "METRICS", "BookData", "Hit", "book_data", "cache_texts",
+           "chunk_texts", "dense_chunk_scores", "dense_scores", "evaluate_scores", "hybrid_scores", "labels_matrix",
+           "metrics_table", "search", "sparse_scores"]
 
 #: Window length and stride (in words) of the chunks the dense index also embeds (chapter 27's fixed-size
 #: chunking): about 200 MiniLM word pieces with the heading, inside the model's 256-token window.
@@ -86,8 +86,6 @@ def chunk_texts(passages) -> tuple[list[str], list[list[int]]]:
     >>> len(texts) >= 3 and owners[0] == [0]
     True
     """
-    from llmbook.rag import chunking
-
     passages = list(passages)
     texts, owners = chunking.chunk_passages(passages, CHUNK_WORDS, CHUNK_STRIDE, text=lambda p: p.text)
     heads = [passages[o[0]].heading for o in owners]
@@ -106,7 +104,7 @@ def book_data() -> BookData:
     chunks, owners = chunk_texts(passages)
     return BookData(
         passages=tuple(passages), queries=tuple(queries), labels=labels_matrix(queries, passages),
-        doc_terms=tuple(tuple(analyze(encoder.passage_text(p))) for p in passages),
+        doc_terms=tuple(tuple(analyze(passage_text(p))) for p in passages),
         query_terms=tuple(tuple(analyze(q.text)) for q in queries),
         doc_emb=encoder.corpus_embeddings(passages), query_emb=encoder.query_embeddings(queries),
         chunk_emb=encoder.encode(chunks), chunk_owners=tuple(tuple(o) for o in owners))
@@ -120,8 +118,6 @@ def dense_scores(data: BookData | None = None) -> Tensor:
 
 def dense_chunk_scores(data: BookData | None = None) -> Tensor:
     """MiniLM cosine over the passages' chunks (:func:`chunk_texts`), a passage scoring its best chunk, ``(B, N)``."""
-    from llmbook.rag import chunking
-
     data = book_data() if data is None else data
     s = (data.query_emb @ data.chunk_emb.T).double()
     return chunking.chunk_scores_to_passages(s, [list(o) for o in data.chunk_owners], len(data.passages))
@@ -211,3 +207,12 @@ def search(question: str, k: int = 5, method: str = "hybrid") -> list[Hit]:
     top = torch.topk(scores, k)
     pairs = zip(top.values.tolist(), top.indices.tolist(), strict=True)
     return [Hit(r + 1, v, data.passages[j]) for r, (v, j) in enumerate(pairs) if v > float("-inf")]
+
+
+def cache_texts(passages=None, queries=None) -> list[str]:
+    """Every text the cache must hold: passages, their headings and chunks, queries, extra texts (deduplicated)."""
+    passages = load_corpus() if passages is None else passages
+    queries = load_queries() if queries is None else queries
+    texts = ([passage_text(p) for p in passages] + [p.heading for p in passages if p.heading]
+             + chunk_texts(passages)[0] + [q.text for q in queries] + encoder.extra_texts())
+    return list(dict.fromkeys(texts))

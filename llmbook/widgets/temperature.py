@@ -1,6 +1,6 @@
 """The temperature widget: how temperature and truncation reshape a trained transformer's next-token distribution.
 
-The distribution is the book's trained tiny GPT's (:func:`llmbook.lm.gpt.pretrained_tiny`, character-level,
+The distribution is the book's trained tiny GPT's (:func:`llmbook.lm.training.pretrained_tiny`, character-level,
 ``V = 100``) after a prompt from its corpus. :func:`temperature_view` is the pure computation (tested in
 ``tests/widgets/test_temperature.py``): the distribution warped by a temperature and one truncation rule,
 its entropy, the size of the kept set, and ``n_draws`` draws of the next character with
@@ -36,7 +36,7 @@ PROMPT = "The return statement"
 @cache
 def tiny_gpt():
     """The book's trained tiny GPT and its tokenizer, loaded once: ``model, tok = tiny_gpt()``."""
-    from llmbook.lm.gpt import pretrained_tiny
+    from llmbook.lm.training import pretrained_tiny
 
     return pretrained_tiny()
 

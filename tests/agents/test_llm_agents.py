@@ -19,7 +19,7 @@ from llmbook.agents import tool_env as TE
 
 @pytest.fixture(scope="module")
 def tiny():
-    from llmbook.lm.gpt import pretrained_tiny
+    from llmbook.lm.training import pretrained_tiny
     model, tok = pretrained_tiny()
     return model.eval(), tok
 

@@ -81,13 +81,13 @@ def qkv(m, T_k=None, D_v=None):
 
 for _f in ("relu", "gelu", "gelu_tanh", "silu", "mish", "softplus"):
     add(A + _f, lambda m: dict(x=m.f(m.s.B, m.s.T, m.s.D)))
-add(A + "glu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_a=m.f(m.s.C, m.s.F), W_b=m.f(m.s.C, m.s.F),
-                              b_a=m.f(m.s.F), b_b=m.f(m.s.F)), **GATED)
-add(A + "reglu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_a=m.f(m.s.C, m.s.F), W_b=m.f(m.s.C, m.s.F)), **GATED)
-add(A + "geglu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_a=m.f(m.s.C, m.s.F), W_b=m.f(m.s.C, m.s.F),
+add(A + "glu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_a=m.f(m.s.F, m.s.C), W_b=m.f(m.s.F, m.s.C),
+                              b_a=m.f(m.s.F), b_b=m.f(m.s.F)), **GATED)  # weights in nn.Linear's (d_out, d_in)
+add(A + "reglu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_a=m.f(m.s.F, m.s.C), W_b=m.f(m.s.F, m.s.C)), **GATED)
+add(A + "geglu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_a=m.f(m.s.F, m.s.C), W_b=m.f(m.s.F, m.s.C),
                                 approximate="tanh"), scalars=dict(approximate=Choice()), **GATED)
-add(A + "swiglu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_gate=m.f(m.s.C, m.s.F), W_up=m.f(m.s.C, m.s.F),
-                                 W_down=m.f(m.s.F, m.s.C)), **GATED)
+add(A + "swiglu", lambda m: dict(x=m.f(m.s.B, m.s.C), W_gate=m.f(m.s.F, m.s.C), W_up=m.f(m.s.F, m.s.C),
+                                 W_down=m.f(m.s.C, m.s.F)), **GATED)
 for _c in ("GLUFFN", "GeGLU", "ReGLU", "SwiGLU"):
     add(A + _c, lambda m: dict(d_model=m.s.C, d_ff=m.s.F, x=m.f(m.s.B, m.s.T, m.s.C)),
         init=("d_model", "d_ff"), scalars=dict(d_model=POS_INT, d_ff=POS_INT), **GATED)

@@ -7,7 +7,7 @@ empty sentence), and only their scalar options are mutated. BERTScore, pass@k an
 
 from __future__ import annotations
 
-from .cases import NONNEG, POS, POS_INT, PROB, Choice, Int, add
+from .cases import NONNEG, NONNEG_INT, POS, POS_INT, PROB, Choice, Int, add
 
 TM = "llmbook.lm.text_metrics:"
 UM = "llmbook.lm.unigram_metrics:"
@@ -28,7 +28,7 @@ def _corpus(m):
     return dict(hypotheses=hyps, references=[_sentences(m, 2) for _ in hyps])
 
 
-add(TM + "brevity_penalty", lambda m: dict(c=9, r=10), scalars=dict(c=NONNEG, r=NONNEG))
+add(TM + "brevity_penalty", lambda m: dict(c=9, r=10), scalars=dict(c=NONNEG_INT, r=NONNEG_INT))
 add(TM + "bleu", lambda m: dict(**_corpus(m), smooth="exp"),
     scalars=dict(N=POS_INT, smooth=Choice(), smooth_value=NONNEG, tokenize=Choice()))
 add(TM + "rouge_n", lambda m: dict(candidate=_sentences(m, 1)[0], references=_sentences(m, m.s.B)),

@@ -40,6 +40,7 @@ from llmbook.kernels import runtime  # noqa: E402
 from llmbook.kernels.flash_attention import (  # noqa: E402
     FlashAttentionFunction,
     flash_attention,
+    flash_attention_backward,
     flash_attention_forward,
     flash_attention_triton,
     length_bucket,
@@ -191,6 +192,44 @@ def test_backward_gradients_match_float64_autograd(case, seed):
     for name, ours, ref in zip(("dq", "dk", "dv"), leaves, ref_leaves, strict=True):
         assert ours.grad.dtype == case.dtype and ours.grad.shape == ours.shape
         close(ours.grad, ref.grad, TOL[case.dtype][1], name, seed, case)
+
+
+def _public_backward(case, seed, backend):
+    """``flash_attention_backward`` on the forward's ``o, lse``, against float64 autograd of the oracle."""
+    q, k, v, do = make_inputs(case, seed, device=DEVICE if backend == "triton" else "cpu")
+    if backend == "triton":
+        o, lse = flash_attention_forward(q, k, v, causal=case.causal, block_m=case.blocks[0], block_n=case.blocks[1])
+    else:  # the forward's outputs, from the float64 oracle, in the case dtype
+        o, lse = (x.to(dt) for x, dt in zip(oracle(q, k, v, case.causal), (q.dtype, torch.float32), strict=True))
+    blocks = dict(block_m=case.blocks[0], block_n=case.blocks[1])
+    grads = flash_attention_backward(q, k, v, o, lse, do, case.causal, backend=backend, **blocks)
+    ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    oracle(*ref_leaves, causal=case.causal)[0].backward(do.double())
+    for name, ours, x, ref in zip(("dq", "dk", "dv"), grads, (q, k, v), ref_leaves, strict=True):
+        assert ours.shape == x.shape and ours.dtype == x.dtype
+        close(ours, ref.grad, TOL[case.dtype][1], f"{backend} {name}", seed, case)
+
+
+@pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V and torch.autograd")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_public_backward_torch_path_matches_float64_autograd(case, seed):
+    _public_backward(case, seed, "torch")
+
+
+@needs_kernel
+@pytest.mark.equation("03.13", oracle="float64 softmax(QK^T*scale + mask)V and torch.autograd")
+@pytest.mark.parametrize("case", CASES[:3], ids=str)
+def test_public_backward_triton_path_matches_float64_autograd(case, seed):
+    _public_backward(case, seed, "triton")
+
+
+def test_public_backward_rejects_outputs_of_the_wrong_shape():
+    q = torch.zeros(1, 2, 5, 8)
+    o, lse = torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5)
+    with pytest.raises(ValueError, match="o and do must have shape"):
+        flash_attention_backward(q, q, q, o, lse[..., :4], o, backend="torch")
+    with pytest.raises(ValueError, match="backend"):
+        flash_attention_backward(q, q, q, o, lse, o, backend="cuda")
 
 
 # causal tile bounds depend on the offset T_k - T_q modulo the block sizes: cover the residues where an

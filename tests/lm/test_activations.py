@@ -134,15 +134,15 @@ def _t5_gated(feed_forward_proj, d=8, d_ff=12, seed=0):
                                       "transformers LlamaMLP(hidden_act='sigmoid')")
 def test_glu_matches_torch_glu_and_a_sigmoid_gated_llama_mlp():
     x = torch.randn(4, 5, 8, dtype=torch.float64)
-    W_a, W_b = weights(8, 12)
+    W_a, W_b = weights(8, 12)  # the math's (d_in, d_out); the functional layers take nn.Linear's transpose
     b_a, b_b = torch.randn(12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
     ref = F.glu(torch.cat([x @ W_a + b_a, x @ W_b + b_b], -1), dim=-1)
-    torch.testing.assert_close(glu(x, W_a, W_b, b_a, b_b), ref, **F64)
+    torch.testing.assert_close(glu(x, W_a.T, W_b.T, b_a, b_b), ref, **F64)
     llama = _llama_mlp("sigmoid", seed=3)  # down(sigmoid(gate(x)) * up(x)): the GLU FFN of Dauphin et al.
     m = _copy_gated(GLUFFN(8, 12).double(), llama.gate_proj, llama.up_proj, llama.down_proj)
     with torch.no_grad():
         torch.testing.assert_close(m(x), llama(x), **F64)
-        f = glu(x, llama.up_proj.weight.T, llama.gate_proj.weight.T) @ llama.down_proj.weight.T
+        f = glu(x, llama.up_proj.weight, llama.gate_proj.weight) @ llama.down_proj.weight.T
     torch.testing.assert_close(f, llama(x), **F64)
 
 
@@ -157,10 +157,10 @@ def test_only_the_sigmoid_free_unit_is_quadratic():
     W_a, W_b = weights(8, 12, seed=5)
     for c in (1e-3, 1.0, 1e3):
         assert _degree(lambda z: (z @ W_a) * (z @ W_b), x, c) == pytest.approx(2.0, abs=1e-12)
-        assert _degree(lambda z: reglu(z, W_a, W_b), x, c) == pytest.approx(2.0, abs=1e-12)
+        assert _degree(lambda z: reglu(z, W_a.T, W_b.T), x, c) == pytest.approx(2.0, abs=1e-12)
     for c in (1e-3, 1e3):
-        assert _degree(lambda z: glu(z, W_a, W_b), x, c) == pytest.approx(1.0, abs=2e-3)
-    assert 1.05 < _degree(lambda z: glu(z, W_a, W_b), x, 1.0) < 1.95
+        assert _degree(lambda z: glu(z, W_a.T, W_b.T), x, c) == pytest.approx(1.0, abs=2e-3)
+    assert 1.05 < _degree(lambda z: glu(z, W_a.T, W_b.T), x, 1.0) < 1.95
 
 
 @pytest.mark.equation("06.07", oracle="transformers T5DenseGatedActDense(feed_forward_proj='gated-relu') and "
@@ -170,14 +170,14 @@ def test_reglu_matches_relu_gated_transformers_mlps():
     t5 = _t5_gated("gated-relu", seed=1)  # wi_0 is T5's gate, wi_1 its value
     with torch.no_grad():
         ref = t5(x)
-        f = reglu(x, t5.wi_1.weight.T, t5.wi_0.weight.T) @ t5.wo.weight.T
+        f = reglu(x, t5.wi_1.weight, t5.wi_0.weight) @ t5.wo.weight.T
         torch.testing.assert_close(f, ref, **F64)
         llama = _llama_mlp("relu", seed=2)
         m = _copy_gated(ReGLU(8, 12).double(), llama.gate_proj, llama.up_proj, llama.down_proj)
         torch.testing.assert_close(m(x), llama(x), **F64)
     # a law the definition implies but an implementation can break: ReGLU(c x) = c^2 ReGLU(x) for c > 0
     W_a, W_b = weights(8, 12, seed=1)
-    torch.testing.assert_close(reglu(3 * x, W_a, W_b), 9 * reglu(x, W_a, W_b), **F64)
+    torch.testing.assert_close(reglu(3 * x, W_a.T, W_b.T), 9 * reglu(x, W_a.T, W_b.T), **F64)
 
 
 @pytest.mark.equation("06.08", oracle="transformers T5DenseGatedActDense(feed_forward_proj='gated-gelu', i.e. "
@@ -189,13 +189,13 @@ def test_geglu_matches_gelu_gated_transformers_mlps():
     llama = _llama_mlp("gelu", seed=4)  # ACT2FN["gelu"]: the exact, erf GELU
     m = _copy_gated(GeGLU(8, 12).double(), llama.gate_proj, llama.up_proj, llama.down_proj)
     with torch.no_grad():
-        f_tanh = geglu(x, t5.wi_1.weight.T, t5.wi_0.weight.T, approximate="tanh") @ t5.wo.weight.T
+        f_tanh = geglu(x, t5.wi_1.weight, t5.wi_0.weight, approximate="tanh") @ t5.wo.weight.T
         torch.testing.assert_close(f_tanh, t5(x), **F64)
         torch.testing.assert_close(m(x), llama(x), **F64)
-        f = geglu(x, llama.up_proj.weight.T, llama.gate_proj.weight.T) @ llama.down_proj.weight.T
+        f = geglu(x, llama.up_proj.weight, llama.gate_proj.weight) @ llama.down_proj.weight.T
         torch.testing.assert_close(f, llama(x), **F64)
         # the two GELUs differ: the tanh GeGLU is not the exact one (a check that could catch a swapped flag)
-        assert (f_tanh - geglu(x, t5.wi_1.weight.T, t5.wi_0.weight.T) @ t5.wo.weight.T).abs().max() > 1e-7
+        assert (f_tanh - geglu(x, t5.wi_1.weight, t5.wi_0.weight) @ t5.wo.weight.T).abs().max() > 1e-7
 
 
 def test_activations_match_transformers_act2fn():
@@ -215,19 +215,24 @@ def test_swiglu_matches_llama_mlp():
         ours.w_down.weight.copy_(ref.down_proj.weight)
     x = torch.randn(2, 7, 16)
     torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-7)
-    # the functional form, math layout (nn.Linear weights transposed)
-    f = swiglu(x, ref.gate_proj.weight.T, ref.up_proj.weight.T, ref.down_proj.weight.T)
+    # the functional form takes the nn.Linear weights as they are
+    f = swiglu(x, ref.gate_proj.weight, ref.up_proj.weight, ref.down_proj.weight)
     torch.testing.assert_close(f, ref(x), **MM32)
 
 
 def test_gated_bad_input():
-    W_a, W_b = weights(8, 12)
+    W_a, W_b = (w.T for w in weights(8, 12))  # (d_out, d_in) = (12, 8)
     with pytest.raises(ValueError, match="disagree on d_in"):
         glu(torch.randn(3, 7, dtype=torch.float64), W_a, W_b)
     with pytest.raises(ValueError, match="same width"):
-        reglu(torch.randn(3, 8, dtype=torch.float64), W_a, W_b[:, :5])
+        reglu(torch.randn(3, 8, dtype=torch.float64), W_a, W_b[:5])
     with pytest.raises(ValueError, match="approximate"):
         geglu(torch.randn(3, 8, dtype=torch.float64), W_a, W_b, approximate="erf")
+    # the other layout, (d_in, d_out), gets an error that says which layout to pass
+    x = torch.randn(3, 8, dtype=torch.float64)
+    for f, args in ((glu, (W_a.T, W_b.T)), (swiglu, (W_b.T, W_a.T)), (swiglu, (W_b, W_a, W_a))):
+        with pytest.raises(ValueError, match=r"nn.Linear's layout \(d_out, d_in\); pass W_\w+\.T"):
+            f(x, *args)
     with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d_model\) with d_model = 8, got \(3, 9\)"):
         SwiGLU(8, 12)(torch.randn(3, 9))
     with pytest.raises(ValueError, match="activation must be one of"):
@@ -240,7 +245,7 @@ def test_relu_gates_are_positively_homogeneous(seed, c):
     """ReLU(cx) = c ReLU(x) for c > 0, so ReGLU(cx) = c^2 ReGLU(x); SiLU has no such law."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(4, 8, generator=g, dtype=torch.float64)
-    W_a, W_b = weights(8, 6, seed=seed)
+    W_a, W_b = (w.T for w in weights(8, 6, seed=seed))
     torch.testing.assert_close(relu(c * x), c * relu(x), **F64)
     torch.testing.assert_close(reglu(c * x, W_a, W_b), c ** 2 * reglu(x, W_a, W_b), rtol=1e-10, atol=1e-10)
 
@@ -279,7 +284,7 @@ def test_gated_rejects_mixed_dtypes(fn):
 
 
 def test_gated_bias_checks():
-    W_a, W_b = weights(8, 12)
+    W_a, W_b = (w.T for w in weights(8, 12))
     x = torch.randn(3, 8, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"the bias of W_a must have shape \(12,\), got \(8,\)"):
         glu(x, W_a, W_b, b_a=torch.zeros(8, dtype=torch.float64))

@@ -22,7 +22,7 @@ from llmbook.lm.bpe import BPETokenizer, pretokenize, train_bpe
 EOT = "<|endoftext|>"
 
 
-def brute_force_merges(text, n_merges, specials=(), follow=None):
+def brute_force_merges(text, n_merges, specials=(), follow=None, greatest=False):
     """Merges by a full recount of every pair before every merge; also the step of the first tied maximum.
 
     The pre-tokens are counted once (``Counter``) and every pair is recounted from the current segmentation
@@ -45,7 +45,7 @@ def brute_force_merges(text, n_merges, specials=(), follow=None):
         if len(tied) > 1 and first_tie is None:
             first_tie = step
         if follow is None:
-            a, b = tied[0]  # smallest bytes among the most frequent
+            a, b = tied[-1] if greatest else tied[0]  # greatest or smallest bytes among the most frequent
         else:
             (a, b) = follow[step]
             assert count[(a, b)] == best, f"step {step}: {(a, b)} has count {count[(a, b)]}, the maximum is {best}"
@@ -344,3 +344,95 @@ def test_try_it_numbers():
     assert len(emoji) == 4 and tok.decode(emoji[:1]) == "\ufffd" and tok.vocab[emoji[0]] == b"\xf0"
     assert_states("15-tokenization.ipynb", ["1, 4 and 7 tokens", "` return` | `␣` `R` `et` `urn`", "4 tokens",
                                             "`0xF0`", "`�` (U+FFFD)"])
+
+
+# ---------------------------------------------------------------- loading and training options (issue 28)
+
+
+@pytest.mark.parametrize("method", ["incremental", "naive"])
+def test_tie_break_greatest_matches_brute_force(text, method):
+    n = 150
+    tok = train_bpe(text, n, tie_break="greatest", method=method)
+    ref, first_tie = brute_force_merges(text, n, greatest=True)
+    assert merge_bytes(tok) == ref
+    smallest = merge_bytes(train_bpe(text, n))
+    assert smallest[:first_tie] == ref[:first_tie] and smallest != ref  # the rule matters from the first tie
+
+
+def test_vocab_size_and_input_path_forms(tmp_path, text):
+    tok = train_bpe(text, vocab_size=256 + 100 + 1, special_tokens=[EOT])
+    assert tok.V == 357 and tok.merges == train_bpe(text, 100, [EOT]).merges
+    path = tmp_path / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    assert train_bpe(input_path=str(path), n_merges=60).merges == train_bpe(path, 60).merges
+    with pytest.raises(TypeError, match="exactly one of n_merges and vocab_size"):
+        train_bpe(text, 10, vocab_size=300)
+    with pytest.raises(TypeError, match="exactly one of n_merges and vocab_size"):
+        train_bpe(text)
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe(text, vocab_size=256, special_tokens=[EOT])  # no room for the special token
+    with pytest.raises(TypeError, match="exactly one of corpus"):
+        train_bpe(text, 10, input_path=path)
+    with pytest.raises(ValueError, match="not a file"):
+        train_bpe(input_path=str(tmp_path / "missing.txt"), n_merges=5)
+
+
+def test_special_tokens_first(tmp_path, text):
+    specials = [EOT, "<|end|>"]
+    last = train_bpe(text, 120, specials)
+    first = train_bpe(text, 120, specials, special_first=True)
+    assert first.special_tokens == {EOT: 0, "<|end|>": 1} and first.V == last.V
+    assert first.vocab[2:] == last.vocab[:-2]  # the same tokens, moved up by S = 2
+    sample = MIXED + EOT + text[:500] + "<|end|>"
+    remap = {i: i + 2 for i in range(last.V - 2)} | {last.special_tokens[s]: first.special_tokens[s] for s in specials}
+    assert first.encode(sample) == [remap[t] for t in last.encode(sample)]
+    assert first.decode(first.encode(sample)) == sample
+    first.save(tmp_path / "tok.json")
+    again = BPETokenizer.load(str(tmp_path / "tok.json"))  # a str path works too
+    assert again.special_first and again.encode(sample) == first.encode(sample)
+
+
+def test_from_vocab_with_any_id_layout(text):
+    tok = train_bpe(text, 200, [EOT])
+    rng = random.Random(0)
+    order = list(range(tok.V))
+    rng.shuffle(order)  # token t gets id order[t]: bytes are no longer ids 0..255
+    vocab = {order[t]: tok.vocab[t] for t in range(tok.V)}
+    merges = [(tok.vocab[a], tok.vocab[b]) for a, b in tok.merges]
+    other = BPETokenizer.from_vocab(vocab, merges, [EOT])
+    sample = MIXED + EOT + text[:3000]
+    assert other.encode(sample) == [order[t] for t in tok.encode(sample)]
+    assert other.decode(other.encode(sample)) == sample
+    assert other.special_tokens == {EOT: order[tok.special_tokens[EOT]]}
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        BPETokenizer.from_vocab(vocab, merges + [(b"zq", b"xj")])
+    with pytest.raises(ValueError, match="every single byte"):
+        BPETokenizer.from_vocab({i: bytes([i]) for i in range(200)}, [])
+    with pytest.raises(ValueError, match="ids must be"):
+        BPETokenizer.from_vocab({1: b"a"}, [])
+
+
+def test_from_files_is_the_inverse_of_to_files_and_loads_into_huggingface(tmp_path, text):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = train_bpe(text, 300, [EOT])
+    vocab_path, merges_path = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    tok.to_files(vocab_path, merges_path)
+    again = BPETokenizer.from_files(str(vocab_path), str(merges_path), [EOT])
+    assert again.vocab == tok.vocab and again.merges == tok.merges and again.special_tokens == tok.special_tokens
+    # independent reader: Hugging Face's BPE model built from the very same two files
+    hf = Tokenizer(models.BPE.from_file(str(vocab_path), str(merges_path)))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    for sample in (MIXED, corpus()[50_000:56_000]):
+        assert again.encode(sample) == hf.encode(sample).ids
+
+
+def test_load_rejects_another_pretokenisation_pattern(tmp_path, text):
+    tok = train_bpe(text, 20)
+    path = tmp_path / "tok.json"
+    tok.save(path)
+    state = json.loads(path.read_text())
+    state["pattern"] = r"\S+|\s+"
+    path.write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="pre-tokenisation pattern"):
+        BPETokenizer.load(path)

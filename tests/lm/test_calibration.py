@@ -255,8 +255,7 @@ def test_bad_input_raises_clear_errors():
 
 def gpt_predictions():
     """The tiny GPT's held-out predictions exactly as the chapter computes them: logits, labels, calib/test split."""
-    from llmbook.lm.gpt import pretrained_tiny
-    from llmbook.lm.training import corpus_tokens
+    from llmbook.lm.training import corpus_tokens, pretrained_tiny
 
     model, tok = pretrained_tiny()
     _, _, heldout_ids = corpus_tokens()

@@ -141,7 +141,7 @@ def test_bad_configs_and_weights_are_rejected(llama):
     model = TinyGPT(GPTConfig())
     with pytest.raises(ValueError, match=r"token ids in \[0, V\) = \[0, 64\)"):
         model(torch.tensor([[1, 64]]))
-    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(2,\) or \(B, T\) = \(1, 2\)"):
+    with pytest.raises(ValueError, match=r"positions must have shape \(T,\) = \(2,\) or that of ids \(1, 2\)"):
         model(torch.tensor([[1, 2]]), positions=torch.arange(3))
     with pytest.raises(ValueError, match="RoPE layout must be"):
         GPTConfig(rope_layout="rotate_half")
@@ -301,3 +301,33 @@ def test_attention_maps_are_the_weights_that_transformers_llama_computes():
         torch.testing.assert_close(maps[l], ref[l], rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="ids must have shape"):
         ours.attention_maps(torch.tensor([1, 2]))
+
+
+def test_leading_axes_are_flattened_and_restored():
+    """Issue 28: attention, blocks and TinyGPT take (..., T, C) / (..., T); each sequence as if it were alone."""
+    from llmbook.lm.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2)).double().eval()
+    ids = torch.randint(0, 11, (2, 3, 6))
+    logits = model(ids)
+    assert logits.shape == (2, 3, 6, 11)
+    alone = torch.stack([torch.stack([model(ids[a, b][None])[0] for b in range(3)]) for a in range(2)])
+    torch.testing.assert_close(logits, alone, rtol=0, atol=1e-12)
+    torch.testing.assert_close(model(ids[1, 2]), alone[1, 2], rtol=0, atol=1e-12)  # (T,) -> (T, V)
+    positions = torch.arange(6).expand(2, 3, 6) + torch.arange(3)[None, :, None]  # one row of positions each
+    torch.testing.assert_close(model(ids, positions)[0, 2], model(ids[0, 2][None], positions[0, 2][None])[0],
+                               rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="positions must have shape"):
+        model(ids, torch.arange(6).expand(3, 6))
+    mha = MultiHeadAttention(16, 4).double()
+    x = torch.randn(2, 3, 5, 16, dtype=torch.float64)
+    y = mha(x, is_causal=True)
+    torch.testing.assert_close(y[1, 0], mha(x[1, 0][None], is_causal=True)[0], rtol=0, atol=1e-12)
+    assert mha(x[0, 0], is_causal=True).shape == (5, 16)
+    assert mha.attention_weights(x, is_causal=True).shape == (2, 3, 4, 5, 5)
+    with pytest.raises(ValueError, match="leading axes of x"):
+        mha(x, context=torch.randn(3, 7, 16, dtype=torch.float64))
+    block = model.blocks[0]
+    torch.testing.assert_close(block(x.new_ones(2, 3, 5, 16), is_causal=True)[1, 1],
+                               block(x.new_ones(1, 5, 16), is_causal=True)[0], rtol=0, atol=1e-12)

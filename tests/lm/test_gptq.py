@@ -36,8 +36,7 @@ def _rtn_torch(W: torch.Tensor, b: int, symmetric: bool) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def tiny():
-    from llmbook.lm.gpt import pretrained_tiny
-    from llmbook.lm.training import corpus_tokens, get_batch
+    from llmbook.lm.training import corpus_tokens, get_batch, pretrained_tiny
 
     model, _ = pretrained_tiny()
     _, train_ids, heldout_ids = corpus_tokens()

@@ -22,9 +22,10 @@ from llmbook.lm import inference as inf
 from llmbook.lm.activations import SwiGLU
 from llmbook.lm.attention import scaled_dot_product_attention
 from llmbook.lm.blocks import FeedForward
-from llmbook.lm.gpt import GPTConfig, TinyGPT, pretrained_tiny
+from llmbook.lm.gpt import GPTConfig, TinyGPT
 from llmbook.lm.norms import RMSNorm
 from llmbook.lm.serving import simulate_batching
+from llmbook.lm.training import pretrained_tiny
 
 REL = 1e-12
 

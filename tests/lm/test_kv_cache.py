@@ -16,7 +16,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmbook.lm import kv_cache as kc
-from llmbook.lm.gpt import GPTConfig, TinyGPT, pretrained_tiny
+from llmbook.lm.gpt import GPTConfig, TinyGPT
+from llmbook.lm.training import pretrained_tiny
 
 F32 = dict(atol=2e-5, rtol=0.0)
 F64 = dict(atol=1e-10, rtol=0.0)

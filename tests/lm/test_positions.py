@@ -205,8 +205,8 @@ def test_try_it_solutions_of_chapter_4():
     """Every number of the chapter's Try-it solutions, computed here; the notebook must state them."""
     from llmbook.lm import context_extension as cx
     from llmbook.lm import position_bias as pb
-    from llmbook.lm.gpt import pretrained_tiny
     from llmbook.lm.rope import apply_rope, rope_cos_sin, rope_inv_freq
+    from llmbook.lm.training import pretrained_tiny
 
     stated = []
     # 1. the explorer's model: D = 64, L_train = 2048; out-of-range pairs at s = 4 and 16

@@ -217,7 +217,7 @@ def test_try_it_solutions_of_chapter_18():
     import scipy.linalg
 
     from llmbook.lm import ssm
-    from llmbook.lm.gpt import pretrained_tiny
+    from llmbook.lm.training import pretrained_tiny
     from tests.try_it import assert_states
 
     stated = []

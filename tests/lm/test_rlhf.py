@@ -281,7 +281,7 @@ def minus(x: str) -> str:
 
 def test_try_it_kl_leash_and_group_advantages():
     """Try it 1 (pi*(e) after "The return valu" for three betas) and 2 (a lone success in a group of 8)."""
-    from llmbook.lm.gpt import pretrained_tiny
+    from llmbook.lm.training import pretrained_tiny
     from tests.try_it import assert_states
 
     model, tok = pretrained_tiny()

@@ -18,7 +18,7 @@ import torch
 
 from llmbook.lm import kv_cache as kc
 from llmbook.lm import serving as sv
-from llmbook.lm.gpt import pretrained_tiny
+from llmbook.lm.training import pretrained_tiny
 
 # ----------------------------------------------------------------------------- 17.12 paged memory
 

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from llmbook.cli import main as cli_main
 from llmbook.lm.gpt import GPTConfig, TinyGPT
-from llmbook.lm.gpt import pretrained_tiny as gpt_pretrained_tiny
 from llmbook.lm.optim import AdamW
 from llmbook.lm.training import (
     TINY_GPT,
@@ -148,6 +147,27 @@ def test_checkpoint_round_trip_resumes_training_exactly(tmp_path):
         save_checkpoint(tmp_path / "bad.pt", model, None, -1, {})
 
 
+
+def test_checkpoint_to_a_file_object_and_a_str_path_without_config(tmp_path):
+    import io
+
+    model = TinyGPT(GPTConfig(vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8))
+    opt = AdamW(model.parameters(), lr=1e-2)
+    buf = io.BytesIO()
+    assert save_checkpoint(buf, model, opt, 5) is buf  # config is optional
+    raw = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)  # oracle: torch's own loader
+    assert raw["config"] is None and raw["iteration"] == 5
+    buf.seek(0)
+    ckpt = load_checkpoint(buf)
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in model.state_dict().items())
+    with open(tmp_path / "f.pt", "wb") as f:  # an open file
+        save_checkpoint(f, model, None, 1)
+    with open(tmp_path / "f.pt", "rb") as f:
+        assert load_checkpoint(f)["iteration"] == 1
+    save_checkpoint(str(tmp_path / "s.pt"), model, None, 2)  # a str path
+    assert load_checkpoint(str(tmp_path / "s.pt"))["iteration"] == 2
+
+
 # ---------------------------------------------------------------------------------------------- the committed run
 
 
@@ -179,7 +199,7 @@ def test_retraining_the_first_steps_reproduces_the_committed_log(corpus, log):
 
 def test_pretrained_model_reaches_the_logged_loss_and_beats_unigram_statistics(corpus, log):
     tok, train_ids, heldout_ids = corpus
-    model, tok2 = gpt_pretrained_tiny()  # the re-export in gpt.py is the same loader
+    model, tok2 = pretrained_tiny()
     assert tok2.chars == tok.chars and not model.training
     loss = evaluate_loss(model, heldout_ids, TINY_GPT[1].T)
     assert loss == pytest.approx(log["heldout_loss"], abs=1e-5)

