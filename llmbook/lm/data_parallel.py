@@ -59,7 +59,9 @@ class DataParallel(nn.Module):
     parameters, in the reverse of their registration order (roughly the order backward produces
     gradients), into buckets of at most that many megabytes (a parameter larger than a bucket gets one to
     itself), and all-reduces a bucket once all of its gradients are in. ``forward`` is the module's.
-    ``communicated_bytes`` sums the bytes handed to all-reduce since construction.
+    ``communicated_bytes`` sums the bytes handed to all-reduce since construction. One ``backward`` per
+    synchronisation: the hooks fire on every backward, so accumulating gradients over several micro-batches
+    needs a synchronisation after each (or a wrapper that skips the hooks, which this one does not offer).
 
     Usage, on every rank::
 

@@ -8,7 +8,7 @@ about 5 s on two CPU cores, a quarter of a chapter's time budget. So the embeddi
 retrieves over are computed once and stored in ``llmbook/data/minilm_cache.npz``:
 
 * every passage of the corpus (:func:`llmbook.rag.corpus.load_corpus`, embedded as
-  :func:`passage_text`), every passage heading on its own (headings make natural pseudo-queries) and
+  :func:`llmbook.rag.corpus.passage_text`), every passage heading on its own (headings make natural pseudo-queries) and
   the chunks of :func:`llmbook.rag.pipeline.chunk_texts` (MiniLM reads only the first 256 word pieces of a
   text: :func:`token_counts` says how many each text has),
 * every labelled query (:func:`llmbook.rag.corpus.load_queries`), and
