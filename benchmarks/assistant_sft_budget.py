@@ -17,18 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
 import torch
 
-from llmbook.agents.assistant_tasks import SPECIALS, demonstration, make_tasks, render, world_document
 from llmbook.lm import assistant_recipe as R
 from llmbook.lm.assistant import Assistant
-from llmbook.lm.bpe import train_bpe
-from llmbook.lm.gpt import GPTConfig
-from llmbook.lm.training import TrainConfig, _data_dir, train
 from llmbook.rag.significance import compare
 
 TOOL_KINDS = ("calc", "lookup", "chain")
@@ -44,19 +39,8 @@ def main() -> int:
     torch.set_num_threads(cfg.num_threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    rng = random.Random(cfg.seed)  # the recipe's tokenizer and pre-training, step for step
-    corpus = (_data_dir() / "corpus.txt").read_text(encoding="utf-8")
-    docs = "\n\n".join(world_document(rng) for _ in range(cfg.world_docs))
-    demos = [render(t, demonstration(t)) for t in make_tasks(500, seed=cfg.seed + 7)]
-    tok = train_bpe(corpus + "\n\n" + docs + "\n\n" + "\n".join(demos), cfg.n_merges, SPECIALS)
-    mcfg = GPTConfig(vocab_size=tok.V, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                     d_ff=cfg.d_ff, max_seq_len=cfg.max_seq_len)
-    data = torch.tensor(tok.encode(corpus + "\n\n" + docs))
-    split = int(0.95 * len(data))
-    tcfg = TrainConfig(steps=cfg.pretrain_steps, T_warm=cfg.pretrain_steps // 10, B=16, T=128,
-                       eval_interval=cfg.pretrain_steps, seed=cfg.seed, num_threads=cfg.num_threads)
-    model, _, _ = train(mcfg, tcfg, data[:split], data[split:])
-    torch.set_num_threads(cfg.num_threads)
+    tok, text, _ = R.train_tokenizer(cfg)  # the recipe's tokenizer and pre-training, step for step
+    model, _, _ = R.pretrain(cfg, tok, text)
     log = {"stages": {}}
     model = R._sft(cfg, model, tok, log)
     ev = R.evaluate(Assistant(model, tok), R.heldout_tasks(cfg), max_new_tokens=cfg.episode_tokens)

@@ -55,8 +55,8 @@ from llmbook.lm.rlhf import grpo_advantages, grpo_objective, sft_loss
 from llmbook.lm.schedules import clip_grad_norm_, warmup_cosine
 from llmbook.lm.training import TrainConfig, _data_dir, _param_groups, train
 
-__all__ = ["LOG", "RecipeConfig", "evaluate", "heldout_tasks", "main", "read_assistant_log", "run_recipe",
-           "training_tasks"]
+__all__ = ["LOG", "RecipeConfig", "evaluate", "heldout_tasks", "main", "pretrain", "read_assistant_log", "run_recipe",
+           "train_tokenizer", "training_tasks"]
 
 LOG = "assistant_log.json"
 
@@ -98,6 +98,29 @@ def training_tasks(cfg: RecipeConfig) -> list:
 def heldout_tasks(cfg: RecipeConfig = RecipeConfig(), n: int | None = None) -> list:
     """The held-out tasks the recipe evaluates on (their own seed and the held-out templates)."""
     return make_tasks(cfg.heldout if n is None else n, seed=cfg.seed + 10_000, split="heldout")
+
+
+def train_tokenizer(cfg: RecipeConfig):
+    """The recipe's first stage, the BPE tokenizer: ``(tok, text, demos)``, ``text`` being the pre-training text."""
+    rng = random.Random(cfg.seed)
+    corpus = (_data_dir() / "corpus.txt").read_text(encoding="utf-8")
+    docs = "\n\n".join(world_document(rng) for _ in range(cfg.world_docs))
+    demos = [render(t, demonstration(t)) for t in make_tasks(500, seed=cfg.seed + 7)]  # see training_tasks
+    tok = train_bpe(corpus + "\n\n" + docs + "\n\n" + "\n".join(demos), cfg.n_merges, SPECIALS)
+    return tok, corpus + "\n\n" + docs, demos
+
+
+def pretrain(cfg: RecipeConfig, tok, text: str) -> tuple[TinyGPT, dict, int]:
+    """The recipe's second stage, pre-training on ``text``; returns ``(model, training log, number of tokens)``."""
+    mcfg = GPTConfig(vocab_size=tok.V, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+                     d_ff=cfg.d_ff, max_seq_len=cfg.max_seq_len)
+    data = torch.tensor(tok.encode(text))
+    split = int(0.95 * len(data))
+    tcfg = TrainConfig(steps=cfg.pretrain_steps, T_warm=cfg.pretrain_steps // 10, B=16, T=128,
+                       eval_interval=cfg.pretrain_steps, seed=cfg.seed, num_threads=cfg.num_threads)
+    model, _, plog = train(mcfg, tcfg, data[:split], data[split:])
+    torch.set_num_threads(cfg.num_threads)
+    return model, plog, len(data)
 
 
 def _rounded(xs, digits=4):
@@ -175,24 +198,13 @@ def run_recipe(cfg: RecipeConfig = RecipeConfig(), out_dir=None, progress=print)
         clock = now
 
     try:
-        rng = random.Random(cfg.seed)
-        corpus = (_data_dir() / "corpus.txt").read_text(encoding="utf-8")
-        docs = "\n\n".join(world_document(rng) for _ in range(cfg.world_docs))
-        demos = [render(t, demonstration(t)) for t in make_tasks(500, seed=cfg.seed + 7)]  # see training_tasks
-        tok = train_bpe(corpus + "\n\n" + docs + "\n\n" + "\n".join(demos), cfg.n_merges, SPECIALS)
+        tok, text, demos = train_tokenizer(cfg)
         log["stages"]["tokenizer"] = {"V": tok.V, "example": [tok.decode([t]) for t in tok.encode(demos[0])][:40]}
         done("tokenizer")
 
         heldout = heldout_tasks(cfg)
-        mcfg = GPTConfig(vocab_size=tok.V, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                         d_ff=cfg.d_ff, max_seq_len=cfg.max_seq_len)
-        data = torch.tensor(tok.encode(corpus + "\n\n" + docs))
-        split = int(0.95 * len(data))
-        tcfg = TrainConfig(steps=cfg.pretrain_steps, T_warm=cfg.pretrain_steps // 10, B=16, T=128,
-                           eval_interval=cfg.pretrain_steps, seed=cfg.seed, num_threads=cfg.num_threads)
-        model, _, plog = train(mcfg, tcfg, data[:split], data[split:])
-        torch.set_num_threads(cfg.num_threads)
-        log["stages"]["pretrain"] = {"tokens": len(data), "loss": _rounded(plog["train"]["loss"]),
+        model, plog, n_tokens = pretrain(cfg, tok, text)
+        log["stages"]["pretrain"] = {"tokens": n_tokens, "loss": _rounded(plog["train"]["loss"]),
                                      "heldout_loss": _rounded(plog["eval"]["heldout_loss"])}
         log["stages"]["pretrain"]["heldout"] = evaluate(Assistant(model, tok), heldout,
                                                         max_new_tokens=cfg.episode_tokens)
@@ -219,7 +231,7 @@ def run_recipe(cfg: RecipeConfig = RecipeConfig(), out_dir=None, progress=print)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({"config": asdict(mcfg), "merges": tok.merges, "special_tokens": list(SPECIALS),
+    torch.save({"config": asdict(model.config), "merges": tok.merges, "special_tokens": list(SPECIALS),
                 "model": model.state_dict()}, out_dir / WEIGHTS)
     (out_dir / LOG).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
     return log
