@@ -54,11 +54,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from llmbook._checks import check_choice, check_int, check_nonnegative_int
+from llmbook.lm.pretoken_counts import count_pretokens
 from llmbook.lm.pretokenization import (
     GPT2_PATTERN,
     SpecialSplitter,
     check_specials,
-    chunks_of,
     gpt2_byte_to_unicode,
     pretokenize,  # noqa: F401 - re-exported: bpe.pretokenize is the pre-tokeniser the trainer uses
     to_bytes,
@@ -160,7 +160,8 @@ def _merge_loop_naive(words: list[tuple[int, ...]], freq: list[int], n_merges: i
 @implements("15.01")
 def train_bpe(corpus=None, n_merges: int | None = None, special_tokens: Sequence[str] = (), *,
               vocab_size: int | None = None, input_path: str | os.PathLike | None = None,
-              tie_break: str = "smallest", special_first: bool = False, method: str = "incremental"):
+              tie_break: str = "smallest", special_first: bool = False, method: str = "incremental",
+              workers: int | None = None):
     r"""Train a byte-level BPE tokenizer: ``n_merges`` times, merge :math:`\arg\max_{(a,b)} \mathrm{count}(a,b)`.
 
     ``corpus`` is the training text, a ``str`` (the text itself: a file name given as a ``str`` is an error, not
@@ -174,7 +175,9 @@ def train_bpe(corpus=None, n_merges: int | None = None, special_tokens: Sequence
     Keyword forms: ``vocab_size`` instead of ``n_merges`` (``n_merges = vocab_size - 256 - len(special_tokens)``;
     give one of the two); ``input_path`` (a ``str`` or a path) instead of ``corpus`` to train on a file;
     ``tie_break`` ``"smallest"`` (default) or ``"greatest"`` (see the module's docstring); ``special_first``
-    puts the special tokens at ids ``0..S-1``.
+    puts the special tokens at ids ``0..S-1``; ``workers`` processes count the pre-tokens
+    (:func:`~llmbook.lm.pretoken_counts.count_pretokens`: ``None`` uses every core on a text of a million
+    characters or more; the merges do not depend on it).
 
     >>> tok = train_bpe("aaabdaaabac", n_merges=10)  # Wikipedia's example: aa -> Z, ab -> Y, ZY -> X, then no repeats
     >>> [tok.vocab[t] for t in range(256, tok.V)]
@@ -199,12 +202,7 @@ def train_bpe(corpus=None, n_merges: int | None = None, special_tokens: Sequence
         if not os.path.isfile(corpus):
             raise ValueError(f"input_path {corpus!r} is not a file")
         corpus = Path(corpus)
-    chunks, f = chunks_of(corpus)
-    try:
-        counts = Counter(piece for piece, special in SpecialSplitter(specials).stream(chunks) if not special)
-    finally:
-        if f is not None:
-            f.close()
+    counts = count_pretokens(corpus, specials, workers=workers)
     words = [tuple(to_bytes(p)) for p in counts]
     freq = list(counts.values())
     vocab = [bytes([i]) for i in range(256)]

@@ -17,7 +17,11 @@ arguments; each rank builds that optimiser over its own shard of the parameters 
 :math:`1/N_d` of the optimiser state), steps it, then broadcasts each updated shard from its owner.
 
 Both count the bytes they hand to collectives (``communicated_bytes``): per step, DDP all-reduces the
-:math:`\Psi` gradient entries, and ZeRO-1 adds a broadcast of the :math:`\Psi` parameters. :func:`launch`
+:math:`\Psi` gradient entries (ring traffic :math:`2\Psi(N_d-1)/N_d` per rank), and ZeRO-1 adds a broadcast of
+the :math:`\Psi` parameters. ZeRO-1 as its paper runs it needs no more traffic than DDP: each rank needs only its
+shard's averaged gradient, so ``DataParallel(model, owner=optimizer.owner_of)`` *reduces* each gradient to the rank
+that owns it instead of all-reducing it (:math:`\Psi(N_d-1)/N_d` per rank, the reduce-scatter's share), and the
+broadcast of the updated shards adds the other :math:`\Psi(N_d-1)/N_d`. :func:`launch`
 runs a function on ``world_size`` CPU processes (gloo) and returns what each rank returned;
 :func:`llmbook.lm.memory.data_parallel_demo` trains chapter 8's small TinyGPT with both, for the chapter.
 """
@@ -59,7 +63,12 @@ class DataParallel(nn.Module):
     parameters, in the reverse of their registration order (roughly the order backward produces
     gradients), into buckets of at most that many megabytes (a parameter larger than a bucket gets one to
     itself), and all-reduces a bucket once all of its gradients are in. ``forward`` is the module's.
-    ``communicated_bytes`` sums the bytes handed to all-reduce since construction. One ``backward`` per
+    ``communicated_bytes`` sums the bytes handed to all-reduce since construction.
+
+    ``owner`` (a function from a parameter to a rank, such as :meth:`ShardedOptimizer.owner_of`) turns the
+    all-reduce into a *reduce* to the parameter's owner: after :meth:`finish_gradient_synchronization` only
+    the owner holds the averaged gradient, and on every other rank ``.grad`` is ``None``. Buckets then hold
+    the parameters of one owner each. One ``backward`` per
     synchronisation: the hooks fire on every backward, so accumulating gradients over several micro-batches
     needs a synchronisation after each (or a wrapper that skips the hooks, which this one does not offer).
 
@@ -71,27 +80,31 @@ class DataParallel(nn.Module):
         optimizer.step()
     """
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None):
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = None,
+                 owner: Callable[[Tensor], int] | None = None):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
         if bucket_size_mb is not None:
             check_range(bucket_size_mb, "bucket_size_mb", 0.0, low_open=True)
         self.rank, self.world_size = _world()
+        if owner is not None and not callable(owner):
+            raise TypeError(f"owner must be a function from a parameter to a rank, got {type(owner).__name__}")
         self.module, self.bucket_size_mb = module, bucket_size_mb
         self.communicated_bytes = 0
         with torch.no_grad():
             for t in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(t.data, src=0)  # every copy starts from rank 0's weights
         params = [p for p in module.parameters() if p.requires_grad]
-        self._pending: list[tuple[object, Tensor, list[Tensor] | None]] = []
+        self._owner = {id(p): self._check_owner(owner, p) for p in params} if owner is not None else None
+        self._pending: list[tuple[object, Tensor, list[Tensor], int | None]] = []
         if bucket_size_mb is None:
             for p in params:
                 p.register_post_accumulate_grad_hook(self._reduce_one)
         else:
             limit, self._buckets, current, size = bucket_size_mb * 2**20, [], [], 0
             for p in reversed(params):
-                if current and size + _nbytes(p) > limit:
+                if current and (size + _nbytes(p) > limit or self._dst(p) != self._dst(current[0])):
                     self._buckets.append(current)
                     current, size = [], 0
                 current.append(p)
@@ -106,30 +119,46 @@ class DataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    def _check_owner(self, owner, p: Tensor) -> int:
+        r = owner(p)
+        if not isinstance(r, int) or not 0 <= r < self.world_size:
+            raise ValueError(f"owner(p) must be a rank in 0..{self.world_size - 1}, got {r!r} for a parameter of "
+                             f"shape {tuple(p.shape)}")
+        return r
+
+    def _dst(self, p: Tensor) -> int | None:
+        return None if self._owner is None else self._owner[id(p)]
+
+    def _launch(self, buf: Tensor, params: list[Tensor]) -> None:
+        self.communicated_bytes += _nbytes(buf)
+        dst = self._dst(params[0])
+        work = (dist.all_reduce(buf, async_op=True) if dst is None else dist.reduce(buf, dst=dst, async_op=True))
+        self._pending.append((work, buf, params, dst))
+
     def _reduce_one(self, p: Tensor) -> None:
-        self.communicated_bytes += _nbytes(p.grad)
-        self._pending.append((dist.all_reduce(p.grad, async_op=True), p.grad, None))
+        self._launch(p.grad, [p])
 
     def _reduce_bucket(self, p: Tensor) -> None:
         i = self._bucket_of[id(p)]
         self._ready[i] += 1
         if self._ready[i] == len(self._buckets[i]):  # the bucket's last gradient is in: send the whole bucket
             self._ready[i] = 0
-            grads = [q.grad for q in self._buckets[i]]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.communicated_bytes += _nbytes(flat)
-            self._pending.append((dist.all_reduce(flat, async_op=True), flat, grads))
+            self._launch(torch.cat([q.grad.reshape(-1) for q in self._buckets[i]]), self._buckets[i])
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for every all-reduce launched during backward, write the averages into ``.grad``."""
-        for work, buf, grads in self._pending:
+        """Wait for every all-reduce (or reduce) launched during backward, write the averages into ``.grad``."""
+        for work, buf, params, dst in self._pending:
             work.wait()
+            if dst is not None and dst != self.rank:  # reduced to another rank: this copy is not the average
+                for p in params:
+                    p.grad = None
+                continue
             buf.div_(self.world_size)
-            if grads is not None:  # a bucket: copy the averaged slices back into each gradient
+            if buf is not params[0].grad:  # a bucket: copy the averaged slices back into each gradient
                 offset = 0
-                for g in grads:
-                    g.copy_(buf[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                for p in params:
+                    p.grad.copy_(buf[offset:offset + p.numel()].view_as(p.grad))
+                    offset += p.numel()
         self._pending.clear()
         if self.bucket_size_mb is not None and any(self._ready):
             raise RuntimeError("some parameters of a bucket received no gradient this step; "
@@ -143,8 +172,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     on each rank, over the parameters it owns: they are dealt out, largest first, to the rank with the
     fewest elements so far (ZeroRedundancyOptimizer's rule). ``step()`` steps that local optimiser and
     broadcasts each parameter from its owner. Gradients must already be averaged over the ranks
-    (:class:`DataParallel`). ``owned`` lists this rank's parameters; ``communicated_bytes`` the broadcast
-    bytes this rank sent.
+    (:class:`DataParallel`), at least on their owner: ``DataParallel(model, owner=opt.owner_of)`` reduces each
+    to its owner only, the paper's traffic. ``owned`` lists this rank's parameters; ``communicated_bytes`` the
+    broadcast bytes this rank sent.
     """
 
     def __init__(self, params: Iterable[Tensor], optimizer_class: type[torch.optim.Optimizer], **kwargs):
@@ -164,7 +194,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.owned = [p for i, p in enumerate(params) if self.owner[i] == self.rank]
         self.optim = optimizer_class(self.owned, **kwargs) if self.owned else None
         self.communicated_bytes = 0
+        self._owner_of = {id(p): self.owner[i] for i, p in enumerate(params)}
         super().__init__(params, kwargs)  # the full list, for zero_grad and for introspection
+
+    def owner_of(self, p: Tensor) -> int:
+        """The rank that steps ``p`` (and to which :class:`DataParallel` may reduce its gradient)."""
+        if id(p) not in self._owner_of:
+            raise ValueError(f"a parameter of shape {tuple(p.shape)} is not one this optimiser shards")
+        return self._owner_of[id(p)]
 
     @torch.no_grad()
     def step(self, closure: Callable | None = None):

@@ -305,11 +305,13 @@ def zero_memory_demo(world_size: int = 2, steps: int = 3, seed: int = 0, dtype: 
             "owned_params": [r["owned_params"] for r in results], "params": results[0]["params"]}
 
 
-def _dp_worker(steps: int, seed: int, bucket_size_mb, sharded: bool) -> dict:
+def _dp_worker(steps: int, seed: int, bucket_size_mb, sharded: bool, to_owner: bool = False) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    model = DataParallel(_demo_model(seed + rank, torch.float64), bucket_size_mb)  # rank 0's weights win
-    opt = (ShardedOptimizer(model.parameters(), AdamW, lr=1e-2, weight_decay=0.1) if sharded
-           else AdamW(model.parameters(), lr=1e-2, weight_decay=0.1))
+    module = _demo_model(seed + rank, torch.float64)
+    opt = (ShardedOptimizer(module.parameters(), AdamW, lr=1e-2, weight_decay=0.1) if sharded
+           else AdamW(module.parameters(), lr=1e-2, weight_decay=0.1))
+    owner = opt.owner_of if to_owner else None
+    model = DataParallel(module, bucket_size_mb, owner=owner)  # rank 0's weights win
     _demo_steps(model, opt, steps, seed, rank, world_size, after_backward=model.finish_gradient_synchronization)
     local = opt.optim if sharded else opt
     return {"params": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
@@ -321,20 +323,24 @@ def _dp_worker(steps: int, seed: int, bucket_size_mb, sharded: bool) -> dict:
 
 
 def data_parallel_demo(world_size: int = 2, steps: int = 3, seed: int = 0, bucket_size_mb: float | None = None,
-                       sharded: bool = False, timeout: float = 120.0) -> dict:
+                       sharded: bool = False, to_owner: bool = False, timeout: float = 120.0) -> dict:
     """Train the demo's small float64 TinyGPT with the book's DDP wrapper (and ZeRO-1), measure each rank.
 
     The wrapper is :class:`~llmbook.lm.data_parallel.DataParallel`; with ``sharded`` the optimiser is
-    :class:`~llmbook.lm.data_parallel.ShardedOptimizer` over AdamW; ``world_size`` gloo processes, seeded
-    token batches as in :func:`zero_memory_demo`.
+    :class:`~llmbook.lm.data_parallel.ShardedOptimizer` over AdamW, and with ``to_owner`` (and ``sharded``)
+    each gradient is reduced to the rank that owns it rather than all-reduced; ``world_size`` gloo processes,
+    seeded token batches as in :func:`zero_memory_demo`.
 
     Each rank starts from its own random weights (the wrapper's broadcast makes them rank 0's) and takes its
     ``1/world_size`` of every batch. Returns ``{"n_params"`` (the model's parameters, a tied matrix once),
     ``"params"``: rank 0's final state dict, ``"same_on_every_rank"``, and per rank
-    "allreduce_bytes", "broadcast_bytes", "state_bytes" (Adam's m and v held), "owned_params"}``. Compare
+    "allreduce_bytes" (all-reduce or reduce payload), "broadcast_bytes", "state_bytes" (Adam's m and v held),
+    "owned_params"}``. Compare
     the weights with :func:`zero_memory_demo` ``(world_size=1)``, single-process training.
     """
-    results = launch(_dp_worker, world_size, steps, seed, bucket_size_mb, sharded, timeout=timeout)
+    if to_owner and not sharded:
+        raise ValueError("to_owner=True reduces each gradient to the rank whose shard it is: it needs sharded=True")
+    results = launch(_dp_worker, world_size, steps, seed, bucket_size_mb, sharded, to_owner, timeout=timeout)
     out = {"n_params": results[0]["n_params"], "params": results[0]["params"],
            "same_on_every_rank": all(torch.equal(r["params"][k], v) for r in results
                                      for k, v in results[0]["params"].items())}

@@ -43,10 +43,16 @@ def _single_process(opt_class=AdamW) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _ddp_worker(bucket_size_mb, sharded: bool) -> dict:
+def _ddp_worker(bucket_size_mb, sharded: bool, to_owner: bool = False) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    ours = DataParallel(_model(seed=rank), bucket_size_mb=bucket_size_mb)  # rank 1 starts elsewhere: broadcast
-    opt = ShardedOptimizer(ours.parameters(), AdamW, lr=1e-2) if sharded else AdamW(ours.parameters(), lr=1e-2)
+    if to_owner:  # ZeRO-1 with the paper's traffic: each gradient reduced to the rank that steps it
+        module = _model(seed=rank)
+        opt = ShardedOptimizer(module.parameters(), AdamW, lr=1e-2)
+        ours = DataParallel(module, bucket_size_mb=bucket_size_mb, owner=opt.owner_of)
+    else:
+        ours = DataParallel(_model(seed=rank), bucket_size_mb=bucket_size_mb)  # rank 1 starts elsewhere: broadcast
+        opt = ShardedOptimizer(ours.parameters(), AdamW, lr=1e-2) if sharded else AdamW(ours.parameters(), lr=1e-2)
+    grads_held = []
     ref_model = _model(0)  # torch's classes on the same data
     ref = nn.parallel.DistributedDataParallel(ref_model)
     if sharded:
@@ -60,6 +66,7 @@ def _ddp_worker(bucket_size_mb, sharded: bool) -> dict:
         opt.zero_grad()
         _loss(ours, x, y).backward()
         ours.finish_gradient_synchronization()
+        grads_held.append([p.grad is not None for p in ours.parameters()])
         opt.step()
         ref_opt.zero_grad()
         _loss(ref, x, y).backward()
@@ -67,7 +74,9 @@ def _ddp_worker(bucket_size_mb, sharded: bool) -> dict:
     out = {"ours": {k: v.detach().clone() for k, v in ours.module.state_dict().items()},
            "torch": {k: v.detach().clone() for k, v in ref_model.state_dict().items()},
            "allreduce_bytes": ours.communicated_bytes, "n_params": sum(p.numel() for p in ours.parameters())}
+    out["grads_held"] = grads_held
     if sharded:
+        out["owned_mask"] = [any(p is q for q in opt.owned) for p in ours.parameters()]
         out["broadcast_bytes"] = opt.communicated_bytes
         out["state_bytes"] = optimizer_state_bytes(opt.optim)[0] if opt.optim is not None else 0
         out["owned"] = sum(p.numel() for p in opt.owned)
@@ -86,8 +95,10 @@ def test_data_parallel_equals_single_process_and_torch_ddp(bucket_size_mb):
         assert r["allreduce_bytes"] == STEPS * r["n_params"] * 8
 
 
-def test_sharded_optimizer_equals_single_process_and_zero_redundancy_optimizer():
-    ranks = launch(_ddp_worker, 2, 0.004, True)
+@pytest.mark.parametrize("bucket_size_mb, to_owner", [(0.004, False), (None, True), (0.004, True)],
+                         ids=["all-reduce", "reduce to owner", "reduce to owner, buckets"])
+def test_sharded_optimizer_equals_single_process_and_zero_redundancy_optimizer(bucket_size_mb, to_owner):
+    ranks = launch(_ddp_worker, 2, bucket_size_mb, True, to_owner)
     single = _single_process()
     for r in ranks:
         for k, v in single.items():
@@ -98,6 +109,10 @@ def test_sharded_optimizer_equals_single_process_and_zero_redundancy_optimizer()
     for r in ranks:  # Adam's m and v for the owned shard only: 2 x 8 bytes per owned parameter
         assert r["state_bytes"] == 16 * r["owned"]
     assert sum(r["broadcast_bytes"] for r in ranks) == STEPS * n * 8  # each shard sent once per step
+    for r in ranks:  # all-reduce or reduce: every gradient value handed over once per step
+        assert r["allreduce_bytes"] == STEPS * n * 8
+        held = [r["owned_mask"]] * STEPS if to_owner else [[True] * len(r["owned_mask"])] * STEPS
+        assert r["grads_held"] == held  # with reduce-to-owner only the owner keeps a (correct) gradient
 
 
 def _misuse_worker() -> str:
@@ -114,3 +129,13 @@ def test_errors_are_clear_outside_and_inside_a_process_group():
         DataParallel(nn.Linear(2, 2))
     out = launch(_misuse_worker, 2)
     assert out[0].startswith("params must be a non-empty iterable") and out[0].endswith("| 2")
+    out = launch(_bad_owner_worker, 2)
+    assert out == ["owner(p) must be a rank in 0..1, got 2 for a parameter of shape (2, 2)"] * 2
+
+
+def _bad_owner_worker() -> str:
+    try:
+        DataParallel(nn.Linear(2, 2).double(), owner=lambda p: 2)
+    except ValueError as e:
+        return str(e)
+    return "no error"
