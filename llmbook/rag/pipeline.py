@@ -24,7 +24,7 @@ METHODS = ("hybrid", "bm25", "dense")
 
 __all__ = ["CHUNK_STRIDE", "CHUNK_WORDS", "METHODS", "METRICS", "BookData", "Hit", "book_data", "cache_texts",
            "chunk_texts", "dense_chunk_scores", "dense_scores", "evaluate_scores", "hybrid_scores", "labels_matrix",
-           "metrics_table", "search", "sparse_scores"]
+           "metrics_table", "search", "section_level", "sparse_scores"]
 
 #: Window length and stride (in words) of the chunks the dense index also embeds (chapter 27's fixed-size
 #: chunking): about 200 MiniLM word pieces with the heading, inside the model's 256-token window.
@@ -142,6 +142,36 @@ def metrics_table(runs: dict[str, Tensor], labels: Tensor | None = None, metrics
         r = evaluate_scores(s, labels, metrics_)
         lines.append(f"{name:<{width}} " + " ".join(f"{r[m]:>9.3f}" for m in metrics_))
     return "\n".join(lines)
+
+
+def section_level(scores: Tensor, labels: Tensor, passages) -> tuple[Tensor, Tensor]:
+    """Scores and grades per *section*: each web section ranked by its best passage and credited once.
+
+    The questions are graded per section, so every passage of a graded section carries its grade, and a run
+    that ranks several passages of one section high is credited several times for one finding. Evaluating
+    ``section_level(...)``'s ``(B, S)`` matrices counts it once. ``scores`` and ``labels`` are ``(B, N)``;
+    ``passages`` the ``N`` corpus passages, a passage without a section standing for itself. A section's score
+    is the maximum over its passages (``-inf`` if none was retrieved), its grade the maximum grade. Sections
+    are in order of first appearance.
+
+    >>> from llmbook.rag.corpus import Passage
+    >>> ps = [Passage(str(i), 1, sec, "h", "t", "u") for i, sec in enumerate(["a", "a", "b"])]
+    >>> s, g = section_level(torch.tensor([[3.0, 5.0, 4.0]]), torch.tensor([[2.0, 2.0, 0.0]]), ps)
+    >>> s.tolist(), g.tolist()
+    ([[5.0, 4.0]], [[2.0, 0.0]])
+    """
+    if scores.shape != labels.shape or scores.ndim != 2 or scores.shape[1] != len(passages):
+        raise ValueError(f"scores {tuple(scores.shape)} and labels {tuple(labels.shape)} must both be (B, N) with "
+                         f"N = {len(passages)} passages")
+    column: dict[str, int] = {}
+    for p in passages:
+        column.setdefault(p.section if p.section is not None else f"passage:{p.id}", len(column))
+    index = torch.tensor([column[p.section if p.section is not None else f"passage:{p.id}"] for p in passages])
+    B, S = scores.shape[0], len(column)
+    idx = index.expand(B, -1)
+    out_s = torch.full((B, S), float("-inf"), dtype=scores.dtype).scatter_reduce(1, idx, scores, "amax")
+    out_g = torch.zeros((B, S), dtype=labels.dtype).scatter_reduce(1, idx, labels, "amax")
+    return out_s, out_g
 
 
 def sparse_scores(data: BookData | None = None) -> Tensor:

@@ -135,3 +135,37 @@ def test_ask_outside_a_checkout_prints_links_to_the_published_site(capsys, monke
     out = capsys.readouterr()
     assert f"    {site_url()}book/" in out.out and "make book" in out.out
     assert "loading" not in out.err  # a labelled question is cached: no model to load
+
+
+def test_section_level_credits_each_section_once():
+    """Oracle: a dictionary loop over the corpus's own sections (max score, max grade per section), and the
+    chapter 26 metric of a run that puts three passages of one relevant section on top: credited once."""
+    data = pipeline.book_data()
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(len(data.queries), len(data.passages), generator=g, dtype=torch.float64)
+    s, lab = pipeline.section_level(scores, data.labels, data.passages)
+    for i in (0, 7):
+        best, grade = {}, {}
+        for j, p in enumerate(data.passages):
+            key = p.section if p.section is not None else f"passage:{p.id}"
+            best[key] = max(best.get(key, float("-inf")), scores[i, j].item())
+            grade[key] = max(grade.get(key, 0.0), data.labels[i, j].item())
+        assert s[i].tolist() == list(best.values()) and lab[i].tolist() == list(grade.values())
+    # one query, a section with several passages: ranking them all first earns recall of one section, not three
+    sizes = {}
+    for p in data.passages:
+        sizes[p.section] = sizes.get(p.section, 0) + 1
+    sec = next(k for k, n in sizes.items() if k is not None and 3 <= n <= 9)
+    members = [j for j, p in enumerate(data.passages) if p.section == sec]
+    labels = torch.zeros(1, len(data.passages), dtype=torch.float64)
+    labels[0, members] = 1.0
+    other = next(j for j, p in enumerate(data.passages) if p.section != sec)
+    labels[0, other] = 1.0
+    run = torch.full((1, len(data.passages)), float("-inf"), dtype=torch.float64)  # -inf: not retrieved
+    run[0, members] = 1.0
+    passage_recall = pipeline.evaluate_scores(run, labels, ("recall@10",))["recall@10"]
+    section_recall = pipeline.evaluate_scores(*pipeline.section_level(run, labels, data.passages), ("recall@10",))
+    assert passage_recall == pytest.approx(len(members) / (len(members) + 1))
+    assert section_recall["recall@10"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="must both be"):
+        pipeline.section_level(scores[:, :5], data.labels[:, :5], data.passages)
