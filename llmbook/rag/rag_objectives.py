@@ -41,7 +41,7 @@ from llmbook._precision import restore_half, upcast_half
 from llmbook.registry import implements
 
 __all__ = ["generator_log_probs", "rag_sequence_log_likelihood", "rag_token_log_likelihood",
-           "retriever_log_probs", "sequence_posterior"]
+           "retriever_gradient", "retriever_log_probs", "sequence_posterior"]
 
 
 def _inputs(scores, token_log_probs, *, per_position: bool):
@@ -129,6 +129,36 @@ def sequence_posterior(scores, token_log_probs) -> Tensor:
     logits = log_p_z.unsqueeze(-1) + before
     safe = torch.where((logits == -torch.inf).all(dim=1, keepdim=True), torch.zeros_like(logits), logits)
     return restore_half(torch.log_softmax(safe, dim=1), dtype)
+
+
+def retriever_gradient(scores, token_log_probs, tau: float = 1.0) -> Tensor:
+    r"""How RAG-Sequence trains its retriever with no passage labels: :math:`\partial\log p(y\mid x)/\partial s_z`.
+
+    With :math:`p_\eta(z\mid x)=\mathrm{softmax}_z(s/\tau)` over the top :math:`k` and
+    :math:`p(y\mid x)=\sum_z p_\eta(z\mid x)\,p_\theta(y\mid x,z)`,
+
+    .. math:: \frac{\partial \log p(y\mid x)}{\partial s_z}
+              = \frac{1}{\tau}\Big(p(z\mid x, y) - p_\eta(z\mid x)\Big),
+              \qquad p(z\mid x,y)=\frac{p_\eta(z\mid x)\,p_\theta(y\mid x,z)}{p(y\mid x)} ,
+
+    the posterior minus the prior: a passage under which the answer is likelier than average gains score.
+    ``scores`` ``(B, k)`` are the raw retrieval scores :math:`s` (``-inf`` = weight 0, gradient 0);
+    ``token_log_probs`` ``(B, k, N)``. Returns ``(B, k)``; it sums to zero over :math:`k`.
+
+    >>> g = retriever_gradient(torch.zeros(1, 2), torch.log(torch.tensor([[[0.9], [0.1]]])))
+    >>> g.tolist()   # prior (0.5, 0.5), posterior (0.9, 0.1)
+    [[0.4, -0.4]]
+    """
+    tau = check_real(tau, "tau")
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    scores = as_tensor(scores, "scores")
+    log_p_z, lp, dtype = _inputs(scores / tau, token_log_probs, per_position=False)
+    joint = log_p_z + lp.sum(dim=2)
+    finite = (joint > -torch.inf).any(dim=1, keepdim=True)
+    posterior = torch.softmax(torch.where(finite, joint, torch.zeros_like(joint)), dim=1)
+    out = (posterior - log_p_z.exp()) / tau
+    return restore_half(torch.where(log_p_z == -torch.inf, torch.zeros_like(out), out), dtype)
 
 
 def retriever_log_probs(scores, k: int, tau: float = 1.0) -> tuple[Tensor, Tensor]:

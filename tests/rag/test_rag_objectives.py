@@ -183,3 +183,21 @@ def test_retriever_log_probs_against_softmax():
     top = S.topk(5, dim=1)
     assert torch.equal(idx, top.indices)
     torch.testing.assert_close(lp, torch.nn.functional.log_softmax(top.values / 0.05, dim=1), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.05])
+def test_retriever_gradient_is_posterior_minus_prior_over_tau_by_autograd(tau):
+    """Oracle: autograd through RAG-Sequence's log-likelihood with p_eta = softmax(s / tau), in float64."""
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    s[1, 2] = -torch.inf  # a passage with weight 0 gets no gradient
+    lp = torch.log(torch.rand(4, 5, 7, generator=g, dtype=torch.float64))
+    x = s.clone().requires_grad_(True)
+    ro.rag_sequence_log_likelihood(x / tau, lp).sum().backward()
+    ours = ro.retriever_gradient(s, lp, tau=tau)
+    ref = torch.nan_to_num(x.grad, nan=0.0)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours.sum(1), torch.zeros(4, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert ours[1, 2] == 0
+    with pytest.raises(ValueError, match="tau"):
+        ro.retriever_gradient(s, lp, tau=0.0)
