@@ -36,7 +36,8 @@ from llmbook._precision import restore_half, upcast_half
 from llmbook.rag.kmeans import _points_centroids, _sqdist, assign, lloyd
 from llmbook.registry import implements
 
-__all__ = ["IVFIndex", "exact_search", "pq_adc", "pq_decode", "pq_distance_tables", "pq_encode", "pq_train"]
+__all__ = ["IVFIndex", "exact_search", "pq_adc", "pq_decode", "pq_distance_tables", "pq_encode", "pq_train",
+           "rerank_exact"]
 
 
 def _topk_smallest(d: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -59,6 +60,36 @@ def exact_search(q, x, k: int) -> tuple[Tensor, Tensor]:
     res = [_topk_smallest(row, ids, k) for row in d]
     return (torch.stack([r[0] for r in res]) if res else d.new_zeros(0, k),
             torch.stack([r[1] for r in res]) if res else torch.zeros(0, k, dtype=torch.long))
+
+
+def rerank_exact(q, x, candidates, k: int) -> tuple[Tensor, Tensor]:
+    """Re-rank each query's ``candidates`` (ids from a compressed index) by the exact squared distance; keep ``k``.
+
+    The two-stage search of a PQ index with a refinement step (faiss's ``IndexRefineFlat``): the codes pick
+    ``R`` candidates cheaply, the full vectors ``x`` ``(N, D)`` order them exactly. ``q`` ``(B, D)``,
+    ``candidates`` ``(B, R)`` ids (``-1`` = padding, skipped; repeats count once); returns ``(B, k)`` squared
+    distances and ids, ``inf`` / ``-1`` where fewer than ``k`` candidates exist. Recall can only reach what the
+    candidates hold.
+
+    >>> x = torch.tensor([[0.0], [1.0], [5.0]])
+    >>> rerank_exact(torch.tensor([[0.9]]), x, torch.tensor([[2, 0, 1]]), k=2)[1].tolist()
+    [[1, 0]]
+    """
+    q, x, dtype = _points_centroids(q, x)
+    k = check_positive_int(k, "k")
+    candidates = torch.as_tensor(candidates)
+    if candidates.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+        raise TypeError(f"candidates must be integer ids, got dtype {candidates.dtype}")
+    if candidates.ndim != 2 or candidates.shape[0] != q.shape[0]:
+        raise ValueError(f"candidates must be (B, R) with B = {q.shape[0]} queries, got {tuple(candidates.shape)}")
+    if ((candidates < -1) | (candidates >= x.shape[0])).any():
+        raise ValueError(f"candidate ids must lie in 0..{x.shape[0] - 1} (or be -1 for padding)")
+    res = []
+    for row, ids in zip(q, candidates.long(), strict=True):
+        ids = torch.unique(ids[ids >= 0])  # a repeated id counts once; ties then resolve by id, as in exact search
+        res.append(_topk_smallest(((x[ids] - row) ** 2).sum(-1), ids, k))
+    dist = torch.stack([r[0] for r in res]) if res else q.new_zeros(0, k)
+    return dist.to(dtype), (torch.stack([r[1] for r in res]) if res else torch.zeros(0, k, dtype=torch.long))
 
 
 class IVFIndex:

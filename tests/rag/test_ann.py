@@ -128,3 +128,38 @@ def test_errors():
     idx = ann.IVFIndex(torch.zeros(4, 2), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="nprobe"):
         idx.search(torch.zeros(1, 2), 1, nprobe=3)
+
+
+def test_rerank_exact_equals_faiss_index_refine_flat():
+    """Oracle: faiss's IndexRefineFlat over an IndexPQ (PQ picks k_factor * k candidates, exact distances order
+    them), on the same codebooks; and a candidate list holding the exact top k gives exact search's answer."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 16, generator=g, dtype=torch.float64)
+    q = torch.randn(20, 16, generator=g, dtype=torch.float64)
+    codebooks = ann.pq_train(x, M=4, K=16, seed=0)
+    codes = ann.pq_encode(x, codebooks)
+    k, R = 10, 40
+    cand = ann.pq_adc(q, codes, codebooks).argsort(dim=-1, stable=True)[:, :R]
+    dist, ids = ann.rerank_exact(q, x, cand, k)
+    faiss = pytest.importorskip("faiss")
+    base = faiss.IndexPQ(16, 4, 4)
+    faiss.copy_array_to_vector(codebooks.float().numpy().ravel(), base.pq.centroids)
+    base.is_trained = True
+    refine = faiss.IndexRefineFlat(base)
+    refine.k_factor = R / k
+    refine.add(x.float().numpy())
+    D_f, I_f = refine.search(q.float().numpy(), k)
+    assert (ids.numpy() == I_f).mean() > 0.99  # float32 ADC may swap a candidate at the R-th place
+    torch.testing.assert_close(dist[torch.from_numpy(I_f) == ids], torch.from_numpy(D_f).double()[
+        torch.from_numpy(I_f) == ids], rtol=1e-5, atol=1e-5)
+    exact_d, exact_i = ann.exact_search(q, x, k)
+    full = torch.cat([exact_i, cand], dim=1)  # the true top k among the candidates: exact answer
+    assert torch.equal(ann.rerank_exact(q, x, full, k)[1], exact_i)
+    padded = torch.full((20, 3), -1)
+    padded[:, 0] = 7
+    d1, i1 = ann.rerank_exact(q, x, padded, 2)
+    assert (i1[:, 0] == 7).all() and (i1[:, 1] == -1).all() and torch.isinf(d1[:, 1]).all()
+    with pytest.raises(ValueError, match="candidate ids"):
+        ann.rerank_exact(q, x, torch.full((20, 3), 500), 2)
+    with pytest.raises(TypeError, match="integer ids"):
+        ann.rerank_exact(q, x, torch.zeros(20, 3), 2)
