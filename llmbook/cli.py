@@ -14,6 +14,8 @@ Commands::
     python -m llmbook ask "what does RoPE do?" [-k 5] [--method hybrid|bm25|dense]
                                              search the book's prose offline with Part II's pipeline
     python -m llmbook cpu                     the numerical code paths this machine's libraries take
+    python -m llmbook audit-checks [CC ...]   perturb each implementation, list the checks that still pass
+                                             (report: book/check-audit.md)
 """
 
 from __future__ import annotations
@@ -166,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     p_ask.add_argument("--method", default="hybrid", choices=("hybrid", "bm25", "dense"),
                        help="hybrid (BM25 + MiniLM, z-score fusion; default), bm25 or dense")
     sub.add_parser("cpu", help="the numerical code paths of torch, MKL, OpenBLAS and NumPy on this machine")
+    p_au = sub.add_parser("audit-checks", help="perturb each implementation by 1e-3 and list the checks of its "
+                                                "section that still pass")
+    p_au.add_argument("chapters", nargs="*", type=int, help="chapter numbers (default: all)")
+    p_au.add_argument("--out", default="book/check-audit.md", help="the Markdown report (default: book/check-audit.md)")
     args = parser.parse_args(argv)
 
     if args.command == "equations":
@@ -183,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in bookpages.write_pages(args.book):
             print(f"wrote {path}")
         return 0
+    if args.command == "audit-checks":
+        from llmbook import audit
+
+        return audit.main(args.chapters or None, args.out)
     if args.command == "notebooks":
         from llmbook import bookpages
 
