@@ -45,8 +45,8 @@ from llmbook.lm.nf4 import nf4_dequantize, nf4_quantize
 from llmbook.lm.quantization import _bits, _grid, absmax_quantize
 from llmbook.registry import implements
 
-__all__ = ["gptq_quantize", "AWQResult", "awq_quantize", "smooth_quant", "llm_int8_matmul", "linear_inputs",
-           "quantize_model", "METHODS"]
+__all__ = ["gptq_quantize", "gptq_quantize_naive", "AWQResult", "awq_quantize", "smooth_quant", "llm_int8_matmul",
+           "linear_inputs", "quantize_model", "METHODS"]
 
 
 def _matrix(W, name: str = "W") -> Tensor:
@@ -132,6 +132,42 @@ def gptq_quantize(W: Tensor, H: Tensor, b: int = 4, symmetric: bool = False, blo
             W1[:, i:] -= err * Hinv1[i:i + 1, i:]         # OBS update of the columns to its right
             Q[:, i1 + i:i1 + i + 1], Err1[:, i:i + 1] = q, err
         Wc[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]            # lazy update of the later blocks
+    return restore_half(Q, W.dtype)
+
+
+def gptq_quantize_naive(W: Tensor, H: Tensor, b: int = 4, symmetric: bool = False, damp: float = 0.01) -> Tensor:
+    r"""GPTQ as the textbook states it, for checking :func:`gptq_quantize`: one explicit inverse per column.
+
+    For :math:`i = 1..d_{in}`: round column :math:`i`, then move the columns :math:`F = \{i, \dots\}` by
+    :math:`-rac{w_i - q_i}{[H_F^{-1}]_{11}}(H_F^{-1})_{1,:}` with :math:`H_F^{-1}` inverted from the submatrix
+    ``H[i:, i:]`` (``torch.linalg.inv``), no Cholesky factor and no blocks: :math:`O(d_{in}^4)`, for small
+    layers. Same grid, damping and dead-input rule as :func:`gptq_quantize`, so the two agree to rounding.
+
+    >>> W, H = torch.tensor([[0.3, -0.2, 0.9]]), torch.tensor([[2.0, 1.0, 0.0], [1.0, 2.0, 0.0], [0.0, 0.0, 1.0]])
+    >>> torch.allclose(gptq_quantize_naive(W, H, b=2, damp=0.0), gptq_quantize(W, H, b=2, damp=0.0))
+    True
+    """
+    W = _matrix(W)
+    d_out, d_in = W.shape
+    H = as_tensor(H, "H")
+    check_finite(H, "H")
+    check_shape(H, (d_in, d_in), "H", "(d_in, d_in), d_in of W")
+    b, symmetric = _bits(b), _sym(symmetric)
+    damp = check_range(damp, "damp", 0.0)
+    dt = compute_dtype(W.dtype)
+    Wr, H = W.to(dt).clone(), H.to(dt).clone()
+    if W.numel() == 0:
+        return W.clone()
+    g = _grid(Wr, b, symmetric, -1)
+    dead = torch.diagonal(H) <= 0
+    H[dead, dead] = 1.0
+    Wr[:, dead] = 0.0
+    H += damp * torch.diagonal(H).mean() * torch.eye(d_in, dtype=dt)
+    Q = torch.zeros_like(Wr)
+    for i in range(d_in):
+        Hinv_F = torch.linalg.inv(H[i:, i:])
+        Q[:, i:i + 1] = g.fake(Wr[:, i:i + 1])
+        Wr[:, i:] -= (Wr[:, i:i + 1] - Q[:, i:i + 1]) / Hinv_F[0, 0] * Hinv_F[0:1, :]
     return restore_half(Q, W.dtype)
 
 

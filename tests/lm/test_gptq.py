@@ -13,7 +13,14 @@ import pytest
 import torch
 from torch.ao.quantization import PerChannelMinMaxObserver
 
-from llmbook.lm.gptq import awq_quantize, gptq_quantize, llm_int8_matmul, quantize_model, smooth_quant
+from llmbook.lm.gptq import (
+    awq_quantize,
+    gptq_quantize,
+    gptq_quantize_naive,
+    llm_int8_matmul,
+    quantize_model,
+    smooth_quant,
+)
 from llmbook.lm.quantization import dequantize, per_channel_quantize
 from tests.try_it import assert_states
 
@@ -77,6 +84,8 @@ def test_gptq_equals_the_naive_sequential_obs_update(block_size):
         Q[:, i] = torch.clamp(torch.round(Wr[:, i] / s), -3, 3) * s
         Wr[:, i:] -= ((Wr[:, i] - Q[:, i]) / Hinv_F[0, 0])[:, None] * Hinv_F[0][None, :]
     torch.testing.assert_close(W_hat, Q, rtol=0, atol=1e-10)
+    # the library's naive version (shown in chapter 12) is this same loop on GPTQ's own grid
+    torch.testing.assert_close(gptq_quantize_naive(W, H, b=3, symmetric=True, damp=0.0), Q, rtol=0, atol=1e-10)
 
 
 @pytest.mark.equation("12.05", oracle="output error of round-to-nearest (torch fake quantiser), held-out inputs")
