@@ -72,7 +72,7 @@ def test_attribute_doc_comments_have_no_colon_that_napoleon_reads_as_a_type():
 # import name -> distribution name, where they differ
 _DISTRIBUTION = {"sklearn": "scikit-learn", "lion_pytorch": "lion-pytorch", "rouge_score": "rouge-score",
                  "mauve": "mauve-text",
-                 "rank_bm25": "rank-bm25", "faiss": "faiss-cpu"}
+                 "rank_bm25": "rank-bm25", "faiss": "faiss-cpu", "pytrec_eval": "pytrec-eval-terrier"}
 _INSTALLED_WITH_LLMBOOK = {"llmbook", "torch", "numpy", "matplotlib", "ipywidgets", "tqdm", "jaxtyping", "IPython"}
 
 

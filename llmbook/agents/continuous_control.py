@@ -114,17 +114,43 @@ def deterministic_policy_gradient(dQ_da: Float[Tensor, "B d_a"], dmu_dtheta: Flo
 
 
 def td3_target_action(mu_next: Tensor, eps: Tensor, sigma: float = 0.2, noise_clip: float = 0.5,
-                      a_max: float = 1.0) -> Tensor:
-    r"""TD3's target-policy smoothing:
-    :math:`\tilde a=\mathrm{clip}(\mu_{\theta'}(s')+\mathrm{clip}(\sigma\epsilon,-c,c),
-    -a_{max},a_{max})` with ``eps`` standard normal draws of the shape of ``mu_next`` (passed in: no hidden
-    randomness)."""
+                      a_max: float = 1.0, *, a_low=None, a_high=None) -> Tensor:
+    r"""TD3's target-policy smoothing (Fujimoto et al., 2018: the noise clip of eq. 15 and Algorithm 1, the box clip
+    of the authors' code):
+
+    .. math:: \tilde a=\mathrm{clip}\big(\mu_{\theta'}(s')+\epsilon,\ a_{low},\ a_{high}\big),\qquad
+              \epsilon=\mathrm{clip}(\sigma\xi,\,-c,\,c),\quad \xi\sim\mathcal N(0, 1)
+
+    i.e. :math:`\epsilon\sim\mathrm{clip}(\mathcal N(0,\sigma^2),-c,c)`: the noise is clipped first, then the
+    noisy action is clipped to the action box (``(actor_target(s') + noise).clamp(-max_action, max_action)`` in
+    the authors' TD3.py). ``mu_next`` ``(..., d_a)`` the target
+    actor's actions, ``eps`` the standard-normal draws :math:`\xi` of the same shape (passed in: no hidden
+    randomness), ``sigma`` and ``noise_clip`` :math:`c` in action units. The box is
+    :math:`[-a_{max}, a_{max}]`, or ``[a_low, a_high]`` when given (scalars or ``(d_a,)``, e.g. a gymnasium
+    ``Box``'s ``low`` and ``high``). Returns the shape and dtype of ``mu_next``.
+
+    >>> a = td3_target_action(torch.tensor([0.9, 0.0]), torch.tensor([5.0, -1.0]), sigma=0.2, noise_clip=0.5)
+    >>> [round(x, 4) for x in a.tolist()]   # 0.9 + 0.5 (the noise 1.0 clipped to c) = 1.4, then the box: 1.0
+    [1.0, -0.2]
+    """
     mu_next, eps = as_tensor(mu_next, "mu_next"), as_tensor(eps, "eps")
     check_same_shape(mu_next, eps, "mu_next", "eps")
+    check_finite(mu_next, "mu_next")
+    check_finite(eps, "eps")
     sigma = check_range(sigma, "sigma", 0.0)
     noise_clip = check_range(noise_clip, "noise_clip", 0.0)
     a_max = check_range(a_max, "a_max", 0.0, low_open=True)
-    return (mu_next + (sigma * eps).clamp(-noise_clip, noise_clip)).clamp(-a_max, a_max)
+    low_t = torch.as_tensor(-a_max if a_low is None else a_low, dtype=mu_next.dtype)
+    high_t = torch.as_tensor(a_max if a_high is None else a_high, dtype=mu_next.dtype)
+    d_a = mu_next.shape[-1] if mu_next.dim() else 1
+    if any(x.dim() > 1 or (x.dim() == 1 and x.shape[0] != d_a) for x in (low_t, high_t)):
+        raise ValueError(f"a_low and a_high must be scalars or (d_a,) = ({d_a},), got {tuple(low_t.shape)} and "
+                         f"{tuple(high_t.shape)}")
+    if not (torch.isfinite(low_t).all() and torch.isfinite(high_t).all() and (low_t <= high_t).all()):
+        raise ValueError(f"the action box must be finite with a_low <= a_high, got a_low = {low_t.tolist()}, "
+                         f"a_high = {high_t.tolist()}")
+    noise = (sigma * eps).clamp(-noise_clip, noise_clip)
+    return torch.minimum(torch.maximum(mu_next + noise, low_t), high_t)
 
 
 @implements("34.09")
@@ -222,13 +248,14 @@ def vtrace(r: Float[Tensor, "B T"], V: Float[Tensor, "B T+1"], log_rho: Float[Te
     r"""IMPALA's V-trace targets (Espeholt et al., 2018) for an off-policy segment:
 
     .. math:: v_s=V(x_s)+\sum_{t=s}^{s+n-1}\gamma^{t-s}\Big(\prod_{i=s}^{t-1}c_i\Big)\delta_tV,\qquad
-              \delta_tV=\rho_t(r_t+\gamma V(x_{t+1})-V(x_t))
+              \delta_tV=\rho_t(r_{t+1}+\gamma V(x_{t+1})-V(x_t))
 
     with truncated importance weights :math:`\rho_t=\min(\bar\rho,\pi/\mu)`, :math:`c_i=\min(\bar c,\pi/\mu)`
-    (``log_rho`` ``(B, T)`` is :math:`\log\pi(a_t\mid x_t)-\log\mu(a_t\mid x_t)`, learner minus actor). Computed
-    backwards, :math:`v_s-V(x_s)=\delta_sV+\gamma c_s(v_{s+1}-V(x_{s+1}))`, :math:`n = T - s` (to the segment's end,
-    where :math:`v_T=V(x_T)`); ``dones`` set :math:`\gamma=0` across an episode end. On-policy with
-    :math:`\bar\rho,\bar c\ge1` (:math:`\rho=c=1`) it is the n-step return of
+    (``r[:, t]`` is :math:`r_{t+1}`, the reward after :math:`a_t`; the IMPALA paper writes :math:`r_t` for the
+    same number), ``log_rho`` ``(B, T)`` is :math:`\log\pi(a_t\mid x_t)-\log\mu(a_t\mid x_t)`, learner minus
+    actor. Computed backwards, :math:`v_s-V(x_s)=\delta_sV+\gamma c_s(v_{s+1}-V(x_{s+1}))`, :math:`n = T - s`
+    (to the segment's end, where :math:`v_T=V(x_T)`); ``dones`` set :math:`\gamma=0` across an episode end.
+    On-policy with :math:`\bar\rho,\bar c\ge1` (:math:`\rho=c=1`) it is the n-step return of
     :func:`llmbook.agents.policy_gradient.a3c_target`.
     ``r`` ``(B, T)``, ``V`` ``(B, T + 1)`` -> ``(B, T)``.
 

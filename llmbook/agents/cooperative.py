@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmbook._checks import as_tensor, check_dim, check_int, check_positive_int
+from llmbook._checks import as_tensor, check_choice, check_dim, check_int, check_positive_int, check_range
 from llmbook._precision import compute_dtype
 from llmbook.registry import implements
 
-__all__ = ["vdn", "QMixer", "maddpg_actor_loss"]
+__all__ = ["vdn", "QMixer", "maddpg_actor_loss", "monotonic_mix", "train_matrix_game"]
 
 
 @implements("39.03")
@@ -148,3 +148,109 @@ def maddpg_actor_loss(critic, x, actions, a_i, i: int) -> torch.Tensor:
     if q.shape != (B,):
         raise ValueError(f"critic must return (B,) = ({B},), got {tuple(q.shape)}")
     return -q.mean() if B else q.sum()
+
+
+# ----------------------------------------------------------------------------- learning on a matrix game
+_METHODS = ("independent", "vdn", "qmix")
+
+
+def monotonic_mix(Q, W1, b1, W2, b2, *, monotonic: bool = True) -> torch.Tensor:
+    r"""A state-independent QMIX mixer, batched over ``R`` independent runs (one-state games).
+
+    .. math:: Q_{tot}=|W_2|^\top\,\mathrm{ELU}\big(|W_1|^\top Q+b_1\big)+b_2,\qquad
+              \frac{\partial Q_{tot}}{\partial Q_i}=\sum_e|W_2|_e\,\mathrm{ELU}'(\cdot)_e\,|W_1|_{ie}\ge0
+
+    :class:`QMixer` with its hypernetworks replaced by free parameters: a matrix game has one state, so
+    :math:`W_1(s)` is a constant. Symbols: ``Q`` ``(R, B, N)`` the chosen agents' utilities, ``W1``
+    ``(R, N, E)``, ``b1`` ``(R, E)``, ``W2`` ``(R, E)``, ``b2`` ``(R,)``; returns ``(R, B)``.
+    ``monotonic=False`` drops the ``abs`` (the counter-example).
+
+    >>> one = torch.ones(1, 1, 1)
+    >>> monotonic_mix(torch.zeros(1, 1, 1), -one, torch.zeros(1, 1), -torch.ones(1, 1), torch.zeros(1)).tolist()
+    [[0.0]]
+    """
+    Q, W1, b1, W2, b2 = (as_tensor(x, n) for x, n in ((Q, "Q"), (W1, "W1"), (b1, "b1"), (W2, "W2"), (b2, "b2")))
+    check_dim(Q, "Q", "(R, B, N)", min_dim=3, max_dim=3)
+    R, _, N = Q.shape
+    E = W1.shape[-1] if W1.dim() == 3 else -1
+    for x, name, shape in ((W1, "W1", (R, N, E)), (b1, "b1", (R, E)), (W2, "W2", (R, E)), (b2, "b2", (R,))):
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must be {shape} for Q of shape {tuple(Q.shape)} (R, B, N) and E = {E}, "
+                             f"got {tuple(x.shape)}")
+    if monotonic:
+        W1, W2 = W1.abs(), W2.abs()
+    h = nn.functional.elu(torch.einsum("rbn,rne->rbe", Q, W1) + b1[:, None])
+    return (h * W2[:, None]).sum(-1) + b2[:, None]
+
+
+def train_matrix_game(payoff, method: str, *, runs: int = 10, steps: int = 400, batch: int = 32,
+                      eps_start: float = 1.0, eps_end: float = 0.05, lr: float = 0.05, embed: int = 8,
+                      generator=None) -> dict:
+    r"""Train ``runs`` independent teams on a cooperative N-player matrix game (one state, one step).
+
+    Every agent keeps a utility table :math:`Q_i(a_i)` and plays :math:`\epsilon`-greedily on it (decentralised
+    execution); :math:`\epsilon` falls linearly from ``eps_start`` to ``eps_end`` over the first half of the
+    ``steps``. Each step draws ``batch`` joint plays, pays the team ``r = payoff[a_1, ..., a_N]`` and takes
+    one Adam step (``lr``) on the squared error of the team's regression (the TD target of a one-step game
+    is ``r``):
+
+    * ``"independent"``: :math:`\sum_i\mathbb E(Q_i(a_i)-r)^2`, each agent alone (independent Q-learners);
+    * ``"vdn"``: :math:`\mathbb E(\sum_iQ_i(a_i)-r)^2` (:func:`vdn`);
+    * ``"qmix"``: :math:`\mathbb E(f(Q_1(a_1),\dots,Q_N(a_N))-r)^2` with the monotone :func:`monotonic_mix`
+      (``embed`` hidden units).
+
+    ``payoff`` ``(A_1, ..., A_N)``, N >= 2. Vectorised over the runs. Returns float64 tensors:
+    ``"greedy"`` ``(steps, runs, N)`` each agent's greedy action after every step, ``"optimal"``
+    ``(steps, runs)`` bool (the greedy joint action earns the payoff's maximum), ``"Q"`` a list of N
+    ``(runs, A_i)`` tables, and ``"Q_tot"`` ``(runs, A_1, ..., A_N)`` the fitted team value of every joint
+    action (None for ``"independent"``: each agent fits ``r`` alone, so no team value is fitted).
+    ``generator`` seeds the initial tables and the exploration (default: seed 0).
+
+    >>> out = train_matrix_game(torch.tensor([[1.0, 0.0], [0.0, 0.0]]), "vdn", runs=2, steps=50)
+    >>> out["optimal"].shape, bool(out["optimal"][-1].all())
+    (torch.Size([50, 2]), True)
+    """
+    check_choice(method, "method", _METHODS)
+    payoff = as_tensor(payoff, "payoff").double()
+    if payoff.dim() < 2 or payoff.numel() == 0 or not torch.isfinite(payoff).all():
+        raise ValueError(f"payoff must be a finite (A_1, ..., A_N) table with N >= 2 agents, got shape "
+                         f"{tuple(payoff.shape)}")
+    R, steps, B = (check_positive_int(v, n) for v, n in ((runs, "runs"), (steps, "steps"), (batch, "batch")))
+    eps_start, eps_end = check_range(eps_start, "eps_start", 0, 1), check_range(eps_end, "eps_end", 0, 1)
+    lr = check_range(lr, "lr", 0.0, low_open=True)
+    E = check_positive_int(embed, "embed")
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    sizes, N = payoff.shape, payoff.dim()
+    Qs = [(0.1 * torch.randn(R, A, generator=gen, dtype=torch.float64)).requires_grad_() for A in sizes]
+    mix = [(0.5 * torch.randn(*shape, generator=gen, dtype=torch.float64)).requires_grad_()
+           for shape in ((R, N, E), (R, E), (R, E), (R,))] if method == "qmix" else []
+    opt = torch.optim.Adam(Qs + mix, lr=lr)
+    greedy, optimal = [], []
+    best = payoff.max()
+    for step in range(steps):
+        eps = eps_start + (eps_end - eps_start) * min(1.0, step / max(1, steps // 2))
+        acts = []
+        for Qi, A in zip(Qs, sizes, strict=True):
+            explore = torch.rand(R, B, generator=gen) < eps
+            rand_a = torch.randint(0, A, (R, B), generator=gen)
+            acts.append(torch.where(explore, rand_a, Qi.detach().argmax(-1)[:, None]))
+        r = payoff[tuple(acts)]  # (R, B)
+        chosen = torch.stack([Qi.gather(1, a) for Qi, a in zip(Qs, acts, strict=True)], -1)  # (R, B, N)
+        if method == "independent":
+            loss = ((chosen - r[..., None]) ** 2).mean((0, 1)).sum()
+        elif method == "vdn":
+            loss = ((chosen.sum(-1) - r) ** 2).mean()
+        else:
+            loss = ((monotonic_mix(chosen, *mix) - r) ** 2).mean()
+        opt.zero_grad()
+        (loss * R).backward()  # the runs are independent: each gets its own mean squared error's gradient
+        opt.step()
+        g = torch.stack([Qi.detach().argmax(-1) for Qi in Qs], -1)  # (R, N)
+        greedy.append(g)
+        optimal.append(payoff[tuple(g.T)] == best)
+    with torch.no_grad():
+        grids = torch.meshgrid(*[torch.arange(A) for A in sizes], indexing="ij")
+        chosen = torch.stack([Qi[:, g.reshape(-1)] for Qi, g in zip(Qs, grids, strict=True)], -1)  # (R, J, N)
+        Q_tot = monotonic_mix(chosen, *mix) if method == "qmix" else chosen.sum(-1)
+    return {"greedy": torch.stack(greedy), "optimal": torch.stack(optimal), "Q": [Qi.detach() for Qi in Qs],
+            "Q_tot": None if method == "independent" else Q_tot.reshape(R, *sizes)}

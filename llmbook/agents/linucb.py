@@ -4,7 +4,8 @@ Each arm :math:`a` has its own linear model of the expected reward, :math:`\math
 x^\top\theta_a`, fitted by ridge regression on the contexts in which it was played:
 :math:`A_a = I + \sum x x^\top`, :math:`b_a = \sum r\,x`, :math:`\hat\theta_a = A_a^{-1} b_a`.
 The score adds the width of a confidence ellipsoid, :math:`\alpha\sqrt{x^\top A_a^{-1}x}`, which is
-large in directions the arm has rarely seen. Yahoo!'s front page chose news articles this way.
+large in directions the arm has rarely seen. Li et al. evaluated it on Yahoo!'s front-page news module
+offline, by replaying a log of traffic served by a uniformly random policy.
 
 * :func:`linucb` (36.06): the scores, the ridge solutions and the widths.
 * :func:`linucb_update` adds one observation per run; :func:`simulate_linucb` runs the rule on a

@@ -52,8 +52,8 @@ class MPCPlan(NamedTuple):
 def mpc_plan(P, R, d0, H: int, gamma: float, V_terminal=None, *, tie_tol: float = 1e-9) -> MPCPlan:
     r"""Exhaustive model-predictive planning: the best open-loop action sequence of length ``H``.
 
-    .. math:: a_{t:t+H-1}=\arg\max_{a_{t:t+H-1}}\mathbb E\Big[\sum_{k=0}^{H-1}\gamma^k r_{t+k}
-              +\gamma^H V_{term}(s_{t+H})\Big]
+    .. math:: a^*_{t:t+H-1}=\arg\max_{a_{t:t+H-1}}\mathbb E\Big[\sum_{k=0}^{H-1}\gamma^k r_{t+k}
+              +\gamma^H V_{term}(s_{t+H})\,\Big|\,s_t, a_{t:t+H-1}\Big],\qquad\text{execute } a_t=a^*_t
 
     Symbols: ``P`` ``(S, A, S')``, ``R`` ``(S, A, S')`` or ``(S, A)`` the known model; ``d0`` ``(..., S)`` the
     distribution of the current state :math:`s_t` (one-hot for a known state); ``H`` :math:`\ge 1`;

@@ -131,7 +131,7 @@ def nash_gap(A, B, x, y) -> float:
     return float(torch.maximum(gain_x, gain_y))
 
 
-def multiplicative_weights(A, T: int, eta: float = 0.1, x0=None, y0=None) -> tuple[torch.Tensor, torch.Tensor]:
+def multiplicative_weights(A, T: int, eta: float = 0.1, x0=None, y0=None, *, current: bool = False) -> tuple:
     r"""Self-play of the zero-sum game A by multiplicative weights (Hedge) for both players.
 
     Each round :math:`x_{t+1}\propto x_t e^{\eta Ay_t}`, :math:`y_{t+1}\propto y_t e^{-\eta A^\top x_t}`.
@@ -139,7 +139,14 @@ def multiplicative_weights(A, T: int, eta: float = 0.1, x0=None, y0=None) -> tup
     strategies :math:`\bar x_T,\bar y_T` do: their exploitability is at most the two regrets over T,
     :math:`O(\sqrt{\log(m)/T})` for :math:`\eta\propto\sqrt{\log m/T}`. ``x0`` ``(m,)`` and ``y0``
     ``(n,)`` are positive starting strategies (default uniform). Returns the running averages ``(T, m)``
-    and ``(T, n)`` in float64.
+    and ``(T, n)`` in float64; with ``current=True`` also the current strategies :math:`x_t, y_t`
+    ``(T, m)``, ``(T, n)`` (computed in log space, so entries near 0 keep their relative precision). With a
+    constant step the current strategies of a zero-sum game with an interior equilibrium spiral *away* from
+    it: :math:`\mathrm{KL}(x^*\|x_t)+\mathrm{KL}(y^*\|y_t)` grows at every round (Bailey and Piliouras, 2018).
+
+    >>> xbar, ybar, x, y = multiplicative_weights(torch.eye(2), 2, 1.0, current=True)
+    >>> [round(v, 4) for v in x[1].tolist()], [round(v, 4) for v in xbar[1].tolist()]
+    ([0.5, 0.5], [0.5, 0.5])
     """
     A = _matrix(A, "A").double()
     T = check_positive_int(T, "T")
@@ -159,7 +166,10 @@ def multiplicative_weights(A, T: int, eta: float = 0.1, x0=None, y0=None) -> tup
         ys.append(y)
         lx, ly = lx + eta * (A @ y), ly - eta * (A.T @ x)
     steps = torch.arange(1, T + 1, dtype=torch.float64).unsqueeze(-1)
-    return torch.stack(xs).cumsum(0) / steps, torch.stack(ys).cumsum(0) / steps
+    xs, ys = torch.stack(xs), torch.stack(ys)
+    if current:
+        return xs.cumsum(0) / steps, ys.cumsum(0) / steps, xs, ys
+    return xs.cumsum(0) / steps, ys.cumsum(0) / steps
 
 
 @implements("39.02")

@@ -294,7 +294,9 @@ def awr_loss(logits, a, A, *, beta: float = 1.0, w_max: float = 20.0) -> torch.T
     improvement step (Peng et al., 2019). The weights are clipped at ``w_max`` (Peng et al. use 20) and
     treated as constants (no gradient through ``A``); the exponent is clamped at :math:`\log w_{\max}` before
     ``exp`` so no weight overflows. Symbols: ``logits`` ``(N, A)``, ``a`` ``(N,)``, ``A`` ``(N,)`` advantages
-    :math:`A(s_i,a_i)`, ``beta`` :math:`\beta>0`, ``w_max`` > 0. 0-d result.
+    :math:`A(s_i,a_i)`, ``beta`` :math:`\beta>0` a *temperature* (AWR's convention), ``w_max`` > 0. 0-d result.
+    IQL's paper writes the same weights as :math:`e^{\beta_{IQL}A}` with an inverse temperature: to reproduce
+    its :math:`\beta_{IQL}` pass ``beta = 1 / beta_IQL``.
 
     >>> round(awr_loss(torch.zeros(2, 2), torch.tensor([0, 1]), torch.tensor([0.0, 1.0])).item(), 4)  # (1+e)/2 log 2
     1.2886
@@ -323,7 +325,8 @@ def fit_tabular(method: str, s, a, r, s_next, done, S: int, A: int, gamma: float
     * ``"iql"``: the in-sample fixed point :math:`Q(s,a)=\hat r(s,a)+\gamma\sum_{s'}\hat P(s'|s,a)(1-d)V(s')`,
       :math:`V(s)=` the :math:`\tau`-expectile of :math:`Q(s,\cdot)` weighted by :math:`n(s,a)` (only logged
       actions enter), swept until V moves by at most ``tol`` (or ``iters`` sweeps); then AWR's
-      :math:`\pi(a|s)\propto n(s,a)\min(e^{(Q(s,a)-V(s))/\beta},w_{\max})`.
+      :math:`\pi(a|s)\propto n(s,a)\min(e^{(Q(s,a)-V(s))/\beta},w_{\max})`. ``beta`` is AWR's temperature,
+      the inverse of the :math:`\beta` in IQL's paper (whose weights are :math:`e^{\beta A}`).
 
     Returns ``{"pi": (S, A), "Q": (S, A) or None, "V": (S,) or None, "n": (S, A) counts}`` in float64.
     """

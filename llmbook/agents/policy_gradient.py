@@ -3,7 +3,8 @@ the actor-critic advantage, A3C's n-step target and TRPO's trust-region step.
 
 Layout as in :mod:`llmbook.agents.returns`: a rollout of ``B`` rows and ``T`` steps, ``logp`` ``(B, T)`` the
 log-probabilities :math:`\log\pi_\theta(a_t\mid s_t)` of the actions taken (with their autograd graph),
-``r`` ``(B, T)`` the rewards, ``V`` ``(B, T + 1)`` the critic's values (the last column bootstraps),
+``r`` ``(B, T)`` the rewards (``r[:, t]`` is :math:`r_{t+1}`, the reward that follows :math:`a_t`, as in
+chapters 32 and 35), ``V`` ``(B, T + 1)`` the critic's values (the last column bootstraps),
 ``dones`` ``(B, T)`` optional termination flags. The *surrogate losses* here are scalars whose gradient is
 the (negated) policy-gradient estimate: ``loss.backward()`` then an optimizer step ascends :math:`J`.
 Tabular models: ``P`` ``(S, A, S')``, ``R`` ``(S, A)`` or ``(S, A, S')``, softmax logits ``theta`` ``(S, A)``.
@@ -73,7 +74,13 @@ def chain_mdp(n: int = 6, slip: float = 0.2, gamma: float = 0.95):
 
 def discounted_visitation(P, R, pi, gamma: float, mu0) -> Tensor:
     r"""The (unnormalised) discounted state visitation :math:`d^\pi(s)=\sum_t\gamma^t\Pr(s_t=s)`,
-    i.e. :math:`d^\pi=\mu_0^\top(I-\gamma P_\pi)^{-1}` by one linear solve, float64 ``(S,)``."""
+    i.e. :math:`d^\pi=\mu_0^\top(I-\gamma P_\pi)^{-1}` by one linear solve, float64 ``(S,)``. Its total is
+    :math:`\sum_sd^\pi(s)=1/(1-\gamma)`; the distribution is :math:`\bar d^\pi=(1-\gamma)d^\pi`.
+
+    >>> d = discounted_visitation(torch.ones(1, 1, 1), torch.zeros(1, 1), torch.ones(1, 1), 0.75, torch.ones(1))
+    >>> d.tolist()
+    [4.0]
+    """
     P_pi, _ = _mdp.policy_matrices(P, R, pi)
     mu0 = as_tensor(mu0, "mu0").double()
     S = P_pi.shape[0]
@@ -90,14 +97,16 @@ def policy_gradient_theorem(P, R, theta: Float[Tensor, "S A"], gamma: float, mu0
     by the policy-gradient theorem (Sutton et al., 2000):
 
     .. math:: \nabla_\theta J(\theta)=\sum_s d^\pi(s)\sum_a\pi_\theta(a\mid s)\nabla_\theta\log\pi_\theta(a\mid s)
-              Q^\pi(s,a)=\mathbb E_{\pi_\theta}[\nabla_\theta\log\pi_\theta(a\mid s)Q^\pi(s,a)]
+              Q^\pi(s,a)=\frac1{1-\gamma}\,\mathbb E_{s\sim\bar d^\pi,\,a\sim\pi_\theta}[\nabla_\theta
+              \log\pi_\theta(a\mid s)Q^\pi(s,a)]
 
-    with :math:`d^\pi` the discounted visitation (:func:`discounted_visitation`) and :math:`Q^\pi` from a linear
-    solve. For :math:`\pi(\cdot\mid s)=\mathrm{softmax}(\theta_s)`, :math:`\nabla_{\theta_{s'}}\log\pi(a\mid s)
-    =[s=s'](e_a-\pi(\cdot\mid s))`; the score sum is written out over all :math:`(s, a)`, no derivative of
-    :math:`d^\pi` or :math:`Q^\pi` is taken: that is the theorem's content. ``P`` ``(S, A, S')``, ``R``
-    ``(S, A)`` or ``(S, A, S')``, ``theta`` ``(S, A)`` logits, ``gamma`` in [0, 1), ``mu0`` ``(S,)``
-    -> ``(S, A)`` in the dtype of ``theta`` (computed in float64).
+    with :math:`d^\pi` the unnormalised discounted visitation (:func:`discounted_visitation`, total
+    :math:`1/(1-\gamma)`), :math:`\bar d^\pi=(1-\gamma)d^\pi` its normalised distribution, and :math:`Q^\pi`
+    from a linear solve. For :math:`\pi(\cdot\mid s)=\mathrm{softmax}(\theta_s)`,
+    :math:`\nabla_{\theta_{s'}}\log\pi(a\mid s)=[s=s'](e_a-\pi(\cdot\mid s))`; the score sum is written out
+    over all :math:`(s, a)`, no derivative of :math:`d^\pi` or :math:`Q^\pi` is taken: that is the theorem's
+    content. ``P`` ``(S, A, S')``, ``R`` ``(S, A)`` or ``(S, A, S')``, ``theta`` ``(S, A)`` logits, ``gamma`` in
+    [0, 1), ``mu0`` ``(S,)`` -> ``(S, A)`` in the dtype of ``theta`` (computed in float64).
 
     >>> P = torch.ones(1, 2, 1)
     >>> g = policy_gradient_theorem(P, torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2), 0.5, torch.ones(1))
@@ -194,7 +203,10 @@ def a3c_target(r: Float[Tensor, "B T"], V: Float[Tensor, "B T+1"], gamma: float 
                dones=None) -> Float[Tensor, "B T"]:
     r"""A3C's n-step return targets (Mnih et al., 2016) for a segment of :math:`T = t_{max}` steps:
 
-    .. math:: R_t=\sum_{i=0}^{k-1}\gamma^ir_{t+i}+\gamma^kV(s_{t+k})
+    .. math:: R_t=\sum_{i=0}^{k-1}\gamma^ir_{t+i+1}+\gamma^kV(s_{t+k})
+
+    (``r[:, t + i]`` is :math:`r_{t+i+1}`; the catalogue writes :math:`r_{t+i}`, indexing each reward by the
+    step that emits it, the same number).
 
     A3C bootstraps every step of a segment from the segment's *last* state, so :math:`k = T - t` varies
     (``n = None``, the default: the last step gets a 1-step target, the first a T-step one); an int ``n`` caps

@@ -6,7 +6,8 @@ r"""Regret of bandit algorithms: the exact cumulative regret, its theoretical or
   :math:`\Omega(\ln T)` lower bound; :func:`ucb1_regret_bound` (Auer, Cesa-Bianchi & Fischer 2002,
   Theorem 1); :func:`exp3_regret_bound` and :func:`exp3_gamma` (Auer et al. 2002, Corollary 3.2).
 * :func:`simulate_bandit` runs any rule of :mod:`llmbook.agents.bandits` on Bernoulli arms, vectorised
-  over independent seeded runs.
+  over independent seeded runs; :func:`mean_band` turns the runs into a mean curve with its confidence
+  band (the mean over runs estimates the expected regret :math:`\mathbb E[R_T]`).
 
 >>> cumulative_regret(torch.tensor([0.2, 0.7]), torch.tensor([[0, 0, 1]])).tolist()
 [[0.5, 1.0, 1.0]]
@@ -33,14 +34,17 @@ from llmbook.agents.bandits import (
 from llmbook.registry import implements
 
 __all__ = ["cumulative_regret", "bernoulli_kl", "lai_robbins_constant", "ucb1_regret_bound", "exp3_regret_bound",
-           "exp3_gamma", "BanditRun", "POLICIES", "simulate_bandit"]
+           "exp3_gamma", "BanditRun", "POLICIES", "simulate_bandit", "mean_band"]
 
 
 @implements("36.04")
 def cumulative_regret(mu, actions) -> torch.Tensor:
     r"""Cumulative (pseudo-)regret of a sequence of pulls, from the known arm means.
 
-    .. math:: R_T = T\mu^* - \sum_{t=1}^{T} \mu_{a_t}
+    .. math:: R_T = T\mu^* - \sum_{t=1}^{T} \mu_{a_t} = \sum_a \Delta_a N_a(T)
+
+    :math:`R_T` is random (the pulls are); its expectation over runs is the expected regret
+    :math:`\mathbb E[R_T] = \sum_a \Delta_a\,\mathbb E[N_a(T)]` that the bounds speak of.
 
     Symbols: ``mu`` = :math:`\mu` ``(K,)``, the true means; ``actions`` = :math:`a_1..a_T` ``(..., T)``
     integer arm ids. Returns ``(..., T)``: :math:`R_1, \dots, R_T`, accumulated in float64 and
@@ -152,3 +156,28 @@ def simulate_bandit(mu, policy: str, T: int, runs: int = 20, seed: int = 0, **pa
         actions[:, t] = a
     rewards = table[rows[:, None], torch.arange(T), actions]
     return BanditRun(actions, rewards, cumulative_regret(mu, actions))
+
+
+def mean_band(values, z: float = 1.96) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Mean over runs and the half-width of its normal confidence band.
+
+    .. math:: \bar R_t = \frac1n\sum_{i=1}^n R_t^{(i)}, \qquad
+       h_t = z\,\frac{s_t}{\sqrt n},\quad s_t^2 = \frac{1}{n-1}\sum_i (R_t^{(i)} - \bar R_t)^2
+
+    Symbols: ``values`` = :math:`R^{(i)}_t` ``(n, ...)`` with the runs on axis 0 (``n >= 2``); ``z`` the normal
+    quantile (1.96: a 95 % interval for the mean; 1: one standard error). Returns ``(mean, half)``, each
+    ``values.shape[1:]`` in float64: the band is ``mean - half .. mean + half``.
+
+    >>> m, h = mean_band(torch.tensor([[1.0, 2.0], [3.0, 6.0]]), z=1.0)
+    >>> m.tolist(), h.tolist()
+    ([2.0, 4.0], [1.0, 2.0])
+    """
+    x = as_tensor(values, "values").double()
+    if x.dim() < 1 or x.shape[0] < 2:
+        raise ValueError(f"values must hold at least 2 runs on axis 0, got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError("values must be finite")
+    z = float(z)
+    if not (math.isfinite(z) and z > 0):
+        raise ValueError(f"z must be a positive finite normal quantile, got {z}")
+    return x.mean(0), z * x.std(0, correction=1) / math.sqrt(x.shape[0])

@@ -134,9 +134,10 @@ def advantage(Q: Float[Tensor, "..."], V: Float[Tensor, "..."]) -> Float[Tensor,
 def monte_carlo_return(r: Float[Tensor, "B T"], gamma: float = 0.99, dones=None) -> Float[Tensor, "B T"]:
     r"""The Monte Carlo return: the discounted sum of the rewards from step :math:`t` to the episode's end.
 
-    .. math:: G_t=\sum_{k=t}^{T}\gamma^{k-t}r_k
+    .. math:: G_t=\sum_{k=t}^{T-1}\gamma^{k-t}r_k
 
-    Computed backwards, :math:`G_t = r_t + \gamma(1 - d_t)\,G_{t+1}` with :math:`G_T = 0`: a done
+    for an episode whose last step is :math:`T - 1` (the step into the terminal state :math:`s_T`, emitting
+    :math:`r_{T-1}`). Computed backwards, :math:`G_t = r_t + \gamma(1 - d_t)\,G_{t+1}` with :math:`G_T = 0`: a done
     :math:`d_t` cuts the sum, so a row may hold several episodes. No value estimate is involved, so the
     estimate of :math:`V^\pi(s_t)` it gives is unbiased for complete episodes, and as noisy as the
     rewards of the whole remaining episode. ``r`` ``(B, T)`` -> ``(B, T)``; see the module docstring for the

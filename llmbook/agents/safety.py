@@ -9,10 +9,11 @@ r"""Risk and safety: constrained MDPs, the Lagrangian, CVaR, handoff thresholds 
   it is convex in :math:`\lambda`, with subgradient :math:`d-J_C(\pi_\lambda)`. Projected subgradient descent
   on :math:`\lambda\ge0` reaches :math:`\min_\lambda g=` the CMDP's optimum (strong duality holds for CMDPs).
 * **CVaR** (43.03, :func:`cvar`, Rockafellar and Uryasev 2000): the mean of the worst :math:`\alpha` fraction
-  of outcomes, *lower* tail (``X`` is a reward or a return): :math:`\mathrm{CVaR}_\alpha(X)=\mathbb E[X\mid
-  X\le\mathrm{VaR}_\alpha(X)]=\max_t\{t-\mathbb E[(t-X)_+]/\alpha\}`.
+  of outcomes, *lower* tail (``X`` is a reward or a return): :math:`\mathrm{CVaR}_\alpha(X)=\max_\nu\{\nu-
+  \mathbb E[(\nu-X)_+]/\alpha\}=\frac1\alpha\int_0^\alpha F_X^{-1}(u)\,du`.
 * **Handoff** (43.04, :func:`handoff`): pass to a human when :math:`P(error\mid x)>\tau_e` or
-  :math:`Risk(x)>\tau_r`; :func:`coverage_risk_curve` gives coverage and selective risk over :math:`\tau_e`.
+  :math:`Risk(x)>\tau_r`; :func:`coverage_risk_curve` gives coverage and selective risk over :math:`\tau_e`,
+  and :func:`llmbook.agents.selective.risk_controlled_threshold` chooses :math:`\tau_e` with a guarantee.
 * **Safety classifier** (43.05, :func:`safety_probability`): :math:`P(unsafe\mid x)=\sigma(w^\top h_x+b)`;
   :func:`fit_safety_classifier` fits ``w, b`` by Newton's method on the L2-penalised log-loss.
 
@@ -189,15 +190,19 @@ def value_at_risk(X, alpha: float) -> torch.Tensor:
 
 @implements("43.03")
 def cvar(X, alpha: float) -> torch.Tensor:
-    r"""Conditional value at risk of the lower tail, :math:`\mathrm{CVaR}_\alpha(X)=\mathbb E[X\mid X\le
-    \mathrm{VaR}_\alpha(X)]`, of the empirical distribution of ``X`` ``(..., N)`` (each sample weight 1/N).
+    r"""Conditional value at risk of the lower tail in Rockafellar and Uryasev's form,
+    :math:`\mathrm{CVaR}_\alpha(X)=\max_\nu\{\nu-\mathbb E[(\nu-X)_+]/\alpha\}=\tfrac1\alpha\int_0^\alpha
+    F_X^{-1}(u)\,du`, of the empirical distribution of ``X`` ``(..., N)`` (each sample weight 1/N).
 
-    Computed exactly as the Rockafellar-Uryasev optimum :math:`\max_t\{t-\tfrac1{\alpha N}\sum_i(t-X_i)_+\}`,
-    attained at :math:`t=\mathrm{VaR}_\alpha`: with the sorted samples :math:`x_{(1)}\le\dots` and
-    :math:`k=\lfloor\alpha N\rfloor`, :math:`\tfrac1\alpha[\tfrac1N\sum_{i\le k}x_{(i)}+(\alpha-\tfrac kN)x_{(k+1)}]`,
-    the mean of the worst fraction :math:`\alpha` (the boundary sample counted fractionally). For a loss,
-    use ``-cvar(-L, alpha)`` (the upper tail). ``alpha`` in (0, 1]; ``alpha = 1`` gives the mean.
-    Returns ``(...)`` in the dtype of ``X`` (computed in float64).
+    ``X`` is a reward (the bad tail is the lower one); for a loss ``L`` use ``-cvar(-L, alpha)``. ``alpha`` in
+    (0, 1] is the tail fraction; ``alpha = 1`` gives the mean. The objective is concave and piecewise linear in
+    :math:`\nu` with its kinks at the samples, so the maximum is attained at a sample (at
+    :math:`\nu=\mathrm{VaR}_\alpha`): with the sorted samples :math:`x_{(1)}\le\dots\le x_{(N)}` it is
+    :math:`\max_j\{x_{(j)}-\tfrac{1}{\alpha N}\sum_{i\le j}(x_{(j)}-x_{(i)})\}`, one sort and one cumulative
+    sum. The result is the mean of the worst fraction :math:`\alpha` of the mass, the boundary sample counted
+    fractionally. It differs from :math:`\mathbb E[X\mid X\le\mathrm{VaR}_\alpha]` when an atom straddles the
+    :math:`\alpha`-quantile: for ``(4, 0, 2, 1)`` and ``alpha = 0.375`` that conditional mean is 0.5 (all of the
+    sample 1), the CVaR 1/3 (half of it). Returns ``(...)`` in the dtype of ``X`` (computed in float64).
 
     >>> cvar(torch.tensor([4.0, 0.0, 2.0, 1.0]), 0.25).item(), cvar(torch.tensor([4.0, 0.0, 2.0, 1.0]), 0.375).item()
     (0.0, 0.3333333432674408)
@@ -205,11 +210,9 @@ def cvar(X, alpha: float) -> torch.Tensor:
     X, alpha, dtype = _samples(X, alpha)
     N = X.shape[-1]
     x = X.sort(-1).values
-    k = min(N, int(torch.tensor(alpha * N, dtype=torch.float64).add(1e-12).floor().item()))
-    head = x[..., :k].sum(-1) / N
-    frac = alpha - k / N
-    tail = frac * x[..., k] if k < N and frac > 0 else torch.zeros_like(head)
-    return ((head + tail) / alpha).to(compute_dtype(dtype)).to(dtype)
+    j = torch.arange(1, N + 1, dtype=torch.float64)
+    shortfall = (j * x - x.cumsum(-1)) / N  # E[(nu - X)_+] at nu = x_(j)
+    return (x - shortfall / alpha).amax(-1).to(compute_dtype(dtype)).to(dtype)
 
 
 @implements("43.04")

@@ -261,7 +261,9 @@ def run_episodes(mdp: TabularMDP, method: str, n_episodes: int, *, pi=None, alph
     ``method``: ``"td0"`` (evaluates the fixed policy ``pi`` ``(S, A)``), ``"q_learning"``, ``"sarsa"`` or
     ``"expected_sarsa"`` (control; behaviour ε-greedy in the current ``Q``, ties broken at random, and the
     Expected SARSA target averages over that ε-greedy policy: :math:`\varepsilon\,\overline{Q}(s')+
-    (1-\varepsilon)\max Q(s')`). The step size of the ``n``-th update of a pair is ``alpha * n**-alpha_power``.
+    (1-\varepsilon)\max Q(s')`). The step size of the ``n``-th update of a pair is ``alpha * n**-alpha_power``; the
+    Robbins-Monro conditions :math:`\sum_n\alpha_n=\infty`, :math:`\sum_n\alpha_n^2<\infty` hold for
+    ``alpha_power`` in (1/2, 1] (not for 1/2: :math:`\sum 1/n` diverges).
     Episodes start from ``mdp.mu0`` and end at a terminal state or after ``max_steps`` steps (no bootstrap
     cut: the table is updated as usual). ``gamma`` defaults to ``mdp.gamma``; ``init`` the initial table (0).
     The online ``returns`` are the undiscounted sums of the rewards collected while learning (exploration

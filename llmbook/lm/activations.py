@@ -54,6 +54,7 @@ __all__ = [
     "GeGLU",
     "SwiGLU",
     "swiglu_hidden_size",
+    "activation_minimum",
 ]
 
 
@@ -139,6 +140,50 @@ def mish(x: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
 
 
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu, "mish": mish, "sigmoid": _sigmoid}
+
+
+def activation_minimum(name: str, bracket: tuple[float, float] = (-3.0, 0.0), tol: float = 1e-10
+                       ) -> tuple[float, float]:
+    r"""Where a smooth activation dips lowest: :math:`x^\ast = \arg\min_{x\in[a,b]} f(x)` and :math:`f(x^\ast)`.
+
+    Golden-section search in float64 on ``ACTIVATIONS[name]`` over ``bracket`` :math:`= [a, b]`, on
+    which :math:`f` must be unimodal (true for GELU, its tanh form, SiLU and Mish on the default
+    :math:`[-3, 0]`; ReLU is flat there and has no unique minimiser). Each step shrinks the interval
+    by :math:`1/\varphi \approx 0.618` until it is shorter than ``tol``. Returns ``(x_star, f_star)``.
+
+    >>> x, f = activation_minimum("silu")  # x* solves x + 1 + e^x = 0: x* = -1 - W(1/e)
+    >>> round(x, 4), round(f, 4)
+    (-1.2785, -0.2785)
+    """
+    if name not in ACTIVATIONS or name == "relu":
+        choices = sorted(set(ACTIVATIONS) - {"relu"})
+        raise ValueError(f"name must be a smooth activation in {choices}, got {name!r}")
+    try:
+        a, b = (float(v) for v in bracket)
+    except (TypeError, ValueError):
+        raise TypeError(f"bracket must be two numbers (a, b) with a < b, got {bracket!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b) and a < b):
+        raise ValueError(f"bracket must be two finite numbers a < b, got ({a}, {b})")
+    check_range(tol, "tol", 0.0, low_open=True)
+    f = ACTIVATIONS[name]
+
+    def value(x: float) -> float:
+        return float(f(torch.tensor(x, dtype=torch.float64)))
+
+    r = (math.sqrt(5.0) - 1.0) / 2.0  # 1/phi
+    c, d = b - r * (b - a), a + r * (b - a)
+    fc, fd = value(c), value(d)
+    while b - a > tol:
+        if fc <= fd:  # the minimum lies in [a, d]
+            b, d, fd = d, c, fc
+            c = b - r * (b - a)
+            fc = value(c)
+        else:  # in [c, b]
+            a, c, fc = c, d, fd
+            d = a + r * (b - a)
+            fd = value(d)
+    x_star = (a + b) / 2.0
+    return x_star, value(x_star)
 
 
 # --------------------------------------------------------------------------- gated units

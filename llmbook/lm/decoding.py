@@ -32,6 +32,8 @@ __all__ = [
     "sample",
     "mirostat_filter",
     "mirostat_step",
+    "tail_mass",
+    "find_crossing",
 ]
 
 NEG_INF = float("-inf")
@@ -149,7 +151,8 @@ def top_p_filter(logits: Float[Tensor, "... V"], p: float) -> Float[Tensor, "...
 def typical_filter(logits: Float[Tensor, "... V"], mass: float) -> Float[Tensor, "... V"]:
     r"""Locally typical sampling (Meister et al., 2023): keep tokens whose surprise is close to the entropy.
 
-    The catalogue writes the set as :math:`S = \{i : |-\log p_i - H(p)| \le \tau\}`. In practice
+    The catalogue writes the set as :math:`S = \{i : |-\log p_i - H(p)| \le \tau\}`, where :math:`\tau` is a
+    distance bound, not a temperature (chapter 9 writes it :math:`\varepsilon`). In practice
     (the paper's experiments and transformers' ``TypicalLogitsWarper``) the threshold is not a
     fixed :math:`\tau` but a *mass*: sort tokens by the distance :math:`d_i = |-\log p_i - H(p)|`
     (ascending) and keep the smallest prefix whose probability reaches ``mass``; :math:`\tau` is
@@ -281,3 +284,63 @@ def mirostat_step(
     token = int(torch.multinomial(softmax(truncated), 1, generator=generator).item())
     surprise = -log_softmax(z.double())[token].item() / math.log(2)
     return token, mu - eta * (surprise - tau_target), surprise
+
+
+# --------------------------------------------------------------------------- measuring a warper
+
+
+def tail_mass(logits: Float[Tensor, "... V"], warped: Float[Tensor, "... V"],
+              floor: float = 0.01) -> Float[Tensor, "..."]:
+    r"""Probability a warped distribution puts on the model's tail: :math:`\sum_i p'_i\,\mathbb{1}[p_i < f]`.
+
+    :math:`p = \mathrm{softmax}(` ``logits`` :math:`)` is the model's own distribution (temperature 1),
+    :math:`p' = \mathrm{softmax}(` ``warped`` :math:`)` the one a sampler draws from after temperature
+    and truncation, and :math:`f` is ``floor`` in :math:`(0, 1]`: the "junk" is every token the model
+    itself gives less than ``floor``. Shapes ``(..., V), (..., V) -> (...)``.
+
+    >>> z = torch.log(torch.tensor([0.9, 0.095, 0.005]))  # the third token is junk at floor 0.01
+    >>> round(float(tail_mass(z, z / 4.0)), 4)  # temperature 4: 0.005 ** (1/4), renormalised
+    0.1481
+    """
+    z, w = _logits(logits), _logits(warped, "warped")
+    if z.shape != w.shape:
+        raise ValueError(f"logits {tuple(z.shape)} and warped {tuple(w.shape)} must have the same shape (..., V)")
+    check_range(floor, "floor", 0.0, 1.0, low_open=True)
+    junk = softmax(z) < floor
+    return (softmax(w) * junk).sum(-1)
+
+
+def find_crossing(f, lo: float, hi: float, tol: float = 1e-10) -> float:
+    r"""A point where the real function ``f`` changes sign in :math:`[lo, hi]`, by bisection.
+
+    ``f(lo)`` and ``f(hi)`` must have opposite signs (or one of them be 0). Each step halves the
+    bracket and keeps the half whose end values still differ in sign, until it is shorter than
+    ``tol``; ``f`` need not be continuous (a jump across zero is found like a root). With several
+    sign changes in the bracket it returns one of them.
+
+    >>> round(find_crossing(lambda t: t * t - 2.0, 0.0, 2.0), 8)  # sqrt(2)
+    1.41421356
+    """
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"need finite lo < hi, got lo = {lo}, hi = {hi}")
+    check_range(tol, "tol", 0.0, low_open=True)
+    f_lo, f_hi = float(f(lo)), float(f(hi))
+    if math.isnan(f_lo) or math.isnan(f_hi):
+        raise ValueError(f"f is NaN at an end of the bracket: f({lo}) = {f_lo}, f({hi}) = {f_hi}")
+    if f_lo == 0:
+        return lo
+    if f_hi == 0:
+        return hi
+    if (f_lo > 0) == (f_hi > 0):
+        raise ValueError(f"f must change sign on [lo, hi]; got f({lo}) = {f_lo:.3g} and f({hi}) = {f_hi:.3g}")
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        f_mid = float(f(mid))
+        if f_mid == 0:
+            return mid
+        if (f_mid > 0) == (f_lo > 0):
+            lo, f_lo = mid, f_mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

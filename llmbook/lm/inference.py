@@ -6,12 +6,15 @@ r"""Production inference math (chapter 17, ids 17.01, 17.02, 17.05-17.11): FLOPs
 :math:`N` parameters costs :math:`2N` FLOPs per token forward and :math:`6N` forward and backward (the
 backward pass needs one product for the input gradient and one for the weight gradient). The only
 FLOPs that are not "two per parameter" are the attention scores :math:`QK^\top` and the weighted sum
-:math:`AV`, which multiply activations by activations: :math:`4Ld` per token per layer for a context of
-:math:`L` tokens (:func:`attention_flops`). An embedding lookup is an index, not a product: it costs
+:math:`AV`, which multiply activations by activations: :math:`4Td` per token per layer for a context of
+:math:`T` tokens when every score is computed, :math:`2(T+1)d` on average when a causal kernel skips
+the masked half (:func:`attention_flops`). An embedding lookup is an index, not a product: it costs
 nothing, but a tied LM head multiplies by the same matrix and costs :math:`2Vd` (:func:`matmul_params`
-counts it once, as the head). Their ratio is :math:`4Ld / 24d^2 = L/(6d)` for a standard layer
-(:math:`4d^2` attention projections, :math:`8d^2` MLP): attention scores overtake the parameters'
-FLOPs at a context of :math:`L = 6d` tokens.
+counts it once, as the head). Against the :math:`24d^2` of a standard layer's weights (:math:`4d^2`
+attention projections, :math:`8d^2` MLP) the ratio is :math:`T/(6d)` with every score computed, and
+about :math:`T/(12d)` for a causal kernel: the crossover at :math:`n_{ctx} = 12\,d_{model}` that Kaplan et
+al. (2020, sec. 2.1) state, whose context term :math:`2 n_{layer} n_{ctx} d_{attn}` per token is the causal
+count.
 
 **Time.** A GPU step takes at least its FLOPs divided by the peak rate and its bytes divided by the
 memory bandwidth. Prefill (the prompt, many tokens at once) is compute-bound

@@ -50,7 +50,8 @@ from llmbook._checks import as_tensor, check_finite, check_range, check_real
 from llmbook._precision import restore_half, upcast_half
 from llmbook.registry import implements
 
-__all__ = ["HOFFMANN", "BESIROGLU", "KAPLAN", "parametric_loss", "kaplan_loss", "training_flops",
+__all__ = ["HOFFMANN", "BESIROGLU", "KAPLAN", "KAPLAN_JOINT", "parametric_loss", "kaplan_loss", "training_flops",
+           "attention_flops",
            "chinchilla_optimal", "loss_vs_compute", "optimal_loss_law", "emergence_probability",
            "fit_emergence", "sequence_metrics", "fit_parametric_law", "ParametricFit"]
 
@@ -58,8 +59,12 @@ __all__ = ["HOFFMANN", "BESIROGLU", "KAPLAN", "parametric_loss", "kaplan_loss", 
 HOFFMANN = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
 #: Besiroglu et al. (2024), "Chinchilla Scaling - A replication attempt", their re-estimate (Table 1).
 BESIROGLU = dict(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
-#: Kaplan et al. (2020), Table 5 and eq. 1.5 (non-embedding parameters, tokens, loss in nats per token).
+#: Kaplan et al. (2020), the single-variable laws L(N), L(D) and L(C_min) of their eqs. 1.1-1.3 (non-embedding
+#: parameters, tokens, compute in PF-days, loss in nats per token).
 KAPLAN = dict(N_c=8.8e13, alpha_N=0.076, D_c=5.4e13, alpha_D=0.095, C_c=3.1e8, alpha_C=0.050)
+#: Kaplan et al. (2020), Table 2, the constants of the joint fit L(N, D) of eq. 1.5 (a separate fit, not
+#: the single-variable constants above).
+KAPLAN_JOINT = dict(N_c=6.4e13, alpha_N=0.076, D_c=1.8e13, alpha_D=0.103)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -128,20 +133,29 @@ def parametric_loss(N, D, E: float = HOFFMANN["E"], A: float = HOFFMANN["A"], B:
     return _out(L, torch.promote_types(dN, dD), sN and sD)
 
 
-def kaplan_loss(N=None, D=None, *, N_c: float = KAPLAN["N_c"], alpha_N: float = KAPLAN["alpha_N"],
-                D_c: float = KAPLAN["D_c"], alpha_D: float = KAPLAN["alpha_D"]):
+def kaplan_loss(N=None, D=None, *, N_c: float | None = None, alpha_N: float | None = None,
+                D_c: float | None = None, alpha_D: float | None = None):
     r"""Kaplan et al.'s joint law :math:`L(N,D)=\big[(N_c/N)^{\alpha_N/\alpha_D} + D_c/D\big]^{\alpha_D}`.
 
-    A variant of 13.01 (eq. 1.5 of Kaplan et al., 2020) with their published constants
-    (:data:`KAPLAN`): ``N`` non-embedding parameters, ``D`` tokens. With ``D=None`` (unlimited data)
-    it is :math:`(N_c/N)^{\alpha_N}` (their eq. 1.1); with ``N=None`` (unlimited model),
-    :math:`(D_c/D)^{\alpha_D}` (eq. 1.2). No constant term: their fits did not reach the floor.
+    A variant of 13.01 (eq. 1.5 of Kaplan et al., 2020): ``N`` non-embedding parameters, ``D`` tokens.
+    With both, the constants default to the joint fit of their Table 2 (:data:`KAPLAN_JOINT`:
+    :math:`N_c = 6.4\times10^{13}, \alpha_N = 0.076, D_c = 1.8\times10^{13}, \alpha_D = 0.103`). With
+    ``D=None`` (unlimited data) it is :math:`(N_c/N)^{\alpha_N}` and with ``N=None`` (unlimited model)
+    :math:`(D_c/D)^{\alpha_D}`, and the defaults are the separate single-variable fits of their eqs. 1.1
+    and 1.2 (:data:`KAPLAN`: :math:`N_c = 8.8\times10^{13}, \alpha_N = 0.076`; :math:`D_c = 5.4\times10^{13},
+    \alpha_D = 0.095`). Any constant passed explicitly overrides its default. No constant term: their fits
+    did not reach the floor.
 
-    >>> round(kaplan_loss(1.5e9), 3), round(kaplan_loss(None, 1e10), 3)
-    (2.304, 2.262)
+    >>> round(kaplan_loss(1.5e9), 3), round(kaplan_loss(None, 1e10), 3), round(kaplan_loss(1.5e9, 1e10), 3)
+    (2.304, 2.262, 2.373)
     """
     if N is None and D is None:
         raise ValueError("kaplan_loss needs N, D or both")
+    consts = KAPLAN_JOINT if N is not None and D is not None else KAPLAN
+    N_c = consts["N_c"] if N_c is None else N_c
+    D_c = consts["D_c"] if D_c is None else D_c
+    alpha_N = consts["alpha_N"] if alpha_N is None else alpha_N
+    alpha_D = consts["alpha_D"] if alpha_D is None else alpha_D
     N_c, D_c = check_range(N_c, "N_c", 0.0, low_open=True), check_range(D_c, "D_c", 0.0, low_open=True)
     alpha_N = check_range(alpha_N, "alpha_N", 0.0, low_open=True)
     alpha_D = check_range(alpha_D, "alpha_D", 0.0, low_open=True)
@@ -165,10 +179,11 @@ def training_flops(N, D):
     r"""Training compute :math:`C \approx 6ND` FLOPs for ``N`` parameters and ``D`` tokens.
 
     Each parameter takes part in one multiply-add (2 FLOPs) per token forward and two backward (the
-    gradient of the input and of the weight): :math:`2 + 4 = 6`. Attention scores and the softmax are
-    left out; they add about :math:`6 n_{layer} T d` per token, small while the context :math:`T` is
-    small next to :math:`6 d` (Kaplan et al., 2020, section 2.1). ``N``, ``D``: positive numbers or
-    tensors that broadcast together.
+    gradient of the input and of the weight): :math:`2 + 4 = 6`. Attention's own products (the scores
+    :math:`QK^\top` and the weighted values :math:`AV`, which have no weights) are left out; see
+    :func:`attention_flops`: counted in full they add :math:`12\, n_{layer} T d` per token in training,
+    small next to :math:`6N \approx 72\, n_{layer} d^2` while the context :math:`T` is small next to
+    :math:`6 d`. ``N``, ``D``: positive numbers or tensors that broadcast together.
 
     >>> f"{training_flops(70e9, 1.4e12):.3g}"   # Chinchilla
     '5.88e+23'
@@ -176,6 +191,31 @@ def training_flops(N, D):
     (N, dN, sN), (D, dD, sD) = _positive(N, "N"), _positive(D, "D")
     _, dtype = _broadcast(("N", "D"), N, D)
     return _out(6.0 * N.to(dtype) * D.to(dtype), torch.promote_types(dN, dD), sN and sD)
+
+
+def attention_flops(n_layers: int, T: int, d_attn: int, D, *, kaplan: bool = False):
+    r"""Training FLOPs of attention's weight-free products for ``D`` tokens: :math:`12\, n_{layer} T d_{attn} D`.
+
+    Per token and layer, the forward pass forms one row of scores :math:`q^\top K` (:math:`T d_{attn}`
+    multiply-adds, 2 FLOPs each) and the weighted sum of values :math:`a^\top V` (as many): :math:`4 T d_{attn}`;
+    the backward pass costs twice the forward, so training costs :math:`3 \times 4 = 12\, T d_{attn}` per token
+    and layer. This counts the full :math:`T \times T` score matrix, as ``torch.utils.flop_counter`` does (a
+    causal kernel may skip the masked half). ``kaplan=True`` gives the convention of Kaplan et al. (2020,
+    Table 1): :math:`2\, n_{layer} n_{ctx} d_{attn}` per token forward, hence :math:`6\, n_{layer} n_{ctx} d_{attn}`
+    for training, half of the full count (it equals the scores alone, or both products with the masked
+    half skipped). ``n_layers``, ``T`` (the context), ``d_attn`` (all heads together, :math:`H D`) positive
+    ints; ``D`` tokens, a positive number or tensor.
+
+    >>> attention_flops(2, 64, 128, 512), attention_flops(2, 64, 128, 512, kaplan=True)
+    (100663296.0, 50331648.0)
+    """
+    from llmbook._checks import check_positive_int
+
+    n_layers, T = check_positive_int(n_layers, "n_layers"), check_positive_int(T, "T (the context)")
+    d_attn = check_positive_int(d_attn, "d_attn")
+    D, dtype, scalar = _positive(D, "D")
+    per_token = (6 if kaplan else 12) * n_layers * T * d_attn
+    return _out(per_token * D, dtype, scalar)
 
 
 # ----------------------------------------------------------------------------------------------- 13.03, 13.04

@@ -182,9 +182,16 @@ def contrastive_decoding_scores(
     expert_logits: Float[Tensor, "... V"], amateur_logits: Float[Tensor, "... V"], alpha: float = 1.0,
     plausibility: float = 0.1,
 ) -> Float[Tensor, "... V"]:
-    r"""Contrastive decoding scores (Li et al., 2023), on the plausible set :math:`V_{head}`.
+    r"""Contrastive decoding scores, on the plausible set :math:`V_{head}`.
 
     .. math:: s(x) = \log p_{exp}(x\mid c) - \alpha \log p_{ama}(x\mid c), \quad x \in V_{head}
+
+    Li et al. (2023) introduced the unweighted difference (:math:`\alpha = 1`) with the plausibility
+    constraint, for open-ended generation with a smaller language model as the amateur. The weighted
+    form is O'Brien & Lewis (2023), who write it in logits as :math:`(1+\lambda) z_{exp} - \lambda z_{ama}`
+    (their :math:`\beta`, renamed here because :math:`\beta` is the plausibility threshold below): divided by
+    :math:`1+\lambda` it ranks tokens exactly as this score with :math:`\alpha = \lambda/(1+\lambda)`
+    (log-softmax differs from the logits by a constant per row).
 
     The *plausibility constraint* keeps :math:`V_{head} = \{x : p_{exp}(x\mid c) \ge \beta \max_w p_{exp}(w\mid c)\}`
     (``plausibility`` is :math:`\beta \in [0, 1]`, 0.1 in the paper, where it is called

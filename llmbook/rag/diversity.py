@@ -266,7 +266,8 @@ def dpp_greedy_map(L, k: int | None = None, eps: float = 1e-10) -> GreedyMAPResu
         e_i = \frac{L_{ji} - \langle c_j, c_i\rangle}{d_j}, \qquad c_i \leftarrow [c_i, e_i],
         \qquad d_i^2 \leftarrow d_i^2 - e_i^2
 
-    :math:`O(N k)` per step instead of one determinant per candidate. Stops after ``k`` items
+    :math:`O(N t)` at step :math:`t` (an inner product of length :math:`t` per item), so :math:`O(N k^2)` for
+    ``k`` steps, instead of one determinant per candidate (:math:`O(N k^4)` in total). Stops after ``k`` items
     (default ``N``) or when the best :math:`d_j^2` falls below ``eps`` (the set would be singular).
 
     >>> L = torch.tensor([[1.0, 0.99, 0.0], [0.99, 1.0, 0.0], [0.0, 0.0, 0.8]])

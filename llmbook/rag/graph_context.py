@@ -4,9 +4,13 @@ r"""Graph context: one message-passing layer, and the book's own entity and pass
   own features with a weighted sum of its neighbours',
   :math:`h_v' = \sigma\big(W_{self}h_v + \sum_{u\in N(v)}\alpha_{uv}W_{neigh}h_u\big)`, the layer
   of GraphSAGE (mean weights) and GAT (attention weights, :func:`attention_weights`).
-* **The book's index as a graph.** :func:`index_terms` takes the *index* of the book to be the words
-  that name its equations (the registry's catalogue: "attention", "softmax", "rope", "pagerank"...),
-  kept when at least ``min_df`` passages use them. :func:`entity_graph` links two index terms by
+* **The book's index as a graph.** :func:`index_terms` takes the *index* of the book to be the names
+  of its equations and sections, whole: single words of the registry's equation names ("rmsnorm",
+  "lora") and phrases of two to four words of those names and of the chapter and equation-section
+  headings ("cross entropy", "monte carlo", "kv cache"), kept when at least ``min_df`` and at most a
+  share ``max_share`` of the passages name them. :func:`entity_runs` normalises text (case, hyphens,
+  possessives) and :func:`match_entities` finds the names in a passage, longest first, so the words of
+  "cross-entropy" count for that name and not as two fragments. :func:`entity_graph` links two index terms by
   the number of passages in which both occur; :func:`passage_graph` links two passages by the
   index terms they share, each weighted by its idf, so that a shared rare term ("rope") counts more
   than a shared common one ("loss").
@@ -21,6 +25,7 @@ and the graphs are dense float64 matrices built in one matrix product.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,8 +37,8 @@ from llmbook._precision import restore_half, upcast_half
 from llmbook.rag.graph import personalized_pagerank
 from llmbook.registry import catalogue, implements
 
-__all__ = ["aggregate", "attention_weights", "index_terms", "EntityGraph", "entity_graph", "passage_graph",
-           "graph_rerank"]
+__all__ = ["aggregate", "attention_weights", "entity_runs", "match_entities", "index_terms", "EntityGraph",
+           "entity_graph", "passage_graph", "graph_rerank"]
 
 _ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "identity": lambda x: x}
 
@@ -133,36 +138,163 @@ def attention_weights(h, A, W, a, *, negative_slope: float = 0.2) -> torch.Tenso
 # ----------------------------------------------------------------------------------------------- the book's graphs
 
 
+_BREAK = re.compile(r"[^\W_]+|[^\w\s'\u2019\u2010\u2011\u2013-]")  # a word (any script: "λ"), or a run's end
+_POSSESSIVE = re.compile(r"['\u2019]s\b")
+MAX_WORDS = 4
+
+
+def entity_runs(text: str) -> list[tuple[str, ...]]:
+    """``text`` as runs of words inside which a name can sit: lower-cased, ``'s`` dropped, ``-`` and ``_`` as spaces.
+
+    Hyphens include the en dash of "Bradley–Terry". Other punctuation (``.,;:()$``, the em dash...) and
+    stopwords (those of :data:`llmbook.rag.sparse.STOPWORDS`) end a run, so a name never spans two
+    clauses. "Cross-entropy", "cross entropy" and "CROSS-ENTROPY" all give the run ``("cross", "entropy")``.
+
+    >>> entity_runs("The KV-cache's size (per token) grows; fine-tuning, Bradley–Terry")
+    [('kv', 'cache', 'size'), ('per', 'token'), ('grows',), ('fine', 'tuning'), ('bradley', 'terry')]
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    from llmbook.rag.sparse import STOPWORDS
+
+    runs, run = [], []
+    for tok in _BREAK.findall(_POSSESSIVE.sub("", text.lower())):
+        if tok[0].isalnum() and tok not in STOPWORDS:
+            run.append(tok)
+            continue
+        if run:
+            runs.append(tuple(run))
+        run = []
+    if run:
+        runs.append(tuple(run))
+    return runs
+
+
+@lru_cache(maxsize=4096)
+def _runs(text: str) -> tuple[tuple[str, ...], ...]:
+    return tuple(entity_runs(text))
+
+
+def match_entities(text: str, entities) -> list[str]:
+    """The entities named in ``text``, in order, each occurrence matched once, longest name first.
+
+    ``entities`` are names as :func:`entity_runs` writes them, words joined by one space ("kv cache").
+    Within each run of ``text``, the scan takes at every position the longest entity (at most
+    ``MAX_WORDS`` words) that starts there and continues after it: "paged kv cache" is one match of
+    that name, not also one of "kv cache" and of "cache" (leftmost-longest matching).
+
+    >>> match_entities("A paged KV cache; the KV-cache of a cache", {"kv cache", "paged kv cache", "cache"})
+    ['paged kv cache', 'kv cache', 'cache']
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    entities = set(entities)
+    if not all(isinstance(e, str) for e in entities):
+        raise TypeError("entities must be an iterable of str names such as 'kv cache'")
+    out = []
+    for run in _runs(text):
+        i = 0
+        while i < len(run):
+            for n in range(min(MAX_WORDS, len(run) - i), 0, -1):
+                name = " ".join(run[i:i + n])
+                if name in entities:
+                    out.append(name)
+                    i += n
+                    break
+            else:
+                i += 1
+    return out
+
+
+_CONNECTIVES = frozenset({"per", "vs", "versus", "via", "using", "without"})  # may sit inside a name, not at its ends
+_NAMED_HEADING = re.compile(r"^\d+\. |\(\d+\.\d+\)$")  # "25. Reranking ..." or "... (25.01)"
+
+
+def _capitalised(texts) -> set[str]:
+    """The words (lower-cased) that ``texts`` write with a capital letter in at least half of their occurrences."""
+    seen: dict[str, list[int]] = {}
+    for text in texts:
+        for tok in re.findall(r"[^\W_]+", _POSSESSIVE.sub("", text)):
+            n = seen.setdefault(tok.lower(), [0, 0])
+            n[0] += 1
+            n[1] += tok != tok.lower()
+    return {w for w, (n, up) in seen.items() if 2 * up >= n}
+
+
+def _candidates(names, headings, texts) -> set[str]:
+    """The candidate names: whole one-word names, name-like words of equation names, and 2-4-word phrases.
+
+    Only the headings that name something count: chapter titles ("11. Parameter-efficient fine-tuning")
+    and equation sections ("Cross-entropy (1.06)"), not "Try it" or "On the book's corpus". A single word
+    is a candidate when it is a whole name ("Perplexity") or when it is a word of an equation name that
+    the book's ``texts`` mostly write capitalised, as they write names and acronyms ("LoRA", "Mamba",
+    "PPO") but not common words ("update", "hidden").
+    """
+    headings = [h for h in headings if _NAMED_HEADING.search(h.strip())]
+    capitalised = _capitalised(texts)
+    out = set()
+    for text, of_equation in [(t, True) for t in names] + [(t, False) for t in headings]:
+        words = [w for w in re.findall(r"[^\W_]+", _POSSESSIVE.sub("", text.lower())) if not w.isdigit()]
+        if len(words) == 1 and entity_runs(words[0]):
+            out.add(words[0])  # a whole name of one word ("Perplexity (1.10)"), not a stopword
+        for run in entity_runs(text):
+            for i in range(len(run)):
+                for n in range(1, min(MAX_WORDS, len(run) - i) + 1):
+                    words = run[i:i + n]
+                    if n == 1:
+                        if of_equation and len(words[0]) >= 3 and not words[0].isdigit() and words[0] in capitalised:
+                            out.add(words[0])
+                    elif not any(w.isdigit() for w in words) and not {words[0], words[-1]} & _CONNECTIVES:
+                        out.add(" ".join(words))
+    return out
+
+
+@lru_cache(maxsize=8)
+def _passage_entities(texts: tuple[str, ...], terms: tuple[str, ...]) -> tuple[frozenset, ...]:
+    return tuple(frozenset(match_entities(t, terms)) for t in texts)
+
+
 @lru_cache(maxsize=4)
 def index_terms(min_df: int = 3, max_share: float = 0.05) -> tuple[str, ...]:
-    """The book's index: analysed words of the equation names in the registry, in alphabetical order.
+    """The book's index: the names of its equations and sections, as whole names, in alphabetical order.
 
-    A word is kept when at least ``min_df`` passages and at most a share ``max_share`` of all passages
-    use it: rarer words link nothing, commoner ones ("one", "model") link everything. Numbers and
-    words of fewer than three letters are left out.
+    Candidates are every phrase of two to four consecutive words of the registry's equation names and of
+    the chapter and equation-section headings ("cross entropy", "monte carlo", "fine tuning", "kv
+    cache"), the one-word names ("perplexity"), and the words of equation names that the book mostly
+    writes capitalised, its names and acronyms ("rmsnorm", "lora", "mamba"), all normalised by
+    :func:`entity_runs`. Each passage is matched
+    by :func:`match_entities` (longest name first, so the words of "cross-entropy" count for that name
+    only), and a candidate is kept when at least ``min_df`` passages and at most a share ``max_share`` of
+    all passages name it: rarer names link nothing, commoner ones ("attention") link everything.
+    Dropping a name frees its words for shorter names, so matching and counting repeat until no
+    candidate is dropped.
     """
+    from llmbook.rag.corpus import passage_text
     from llmbook.rag.pipeline import book_data
-    from llmbook.rag.sparse import analyze
 
     min_df = check_int(min_df, "min_df", low=1)
     max_share = check_range(max_share, "max_share", 0.0, 1.0, low_open=True)
-    words = {t for e in catalogue().values() for t in analyze(e.name) if len(t) >= 3 and not t.isdigit()}
-    df: dict[str, int] = {}
-    for terms in book_data().doc_terms:
-        for t in set(terms) & words:
-            df[t] = df.get(t, 0) + 1
-    N = len(book_data().doc_terms)
-    return tuple(sorted(t for t, n in df.items() if min_df <= n <= max_share * N))
+    passages = book_data().passages
+    texts = tuple(passage_text(p) for p in passages)
+    terms = _candidates([e.name for e in catalogue().values()], sorted({p.heading for p in passages}), texts)
+    while True:
+        df: dict[str, int] = {}
+        for found in _passage_entities(texts, tuple(sorted(terms))):
+            for t in found:
+                df[t] = df.get(t, 0) + 1
+        kept = {t for t, n in df.items() if min_df <= n <= max_share * len(texts)}
+        if kept == terms:
+            return tuple(sorted(terms))
+        terms = kept
 
 
-def _incidence(doc_terms, terms) -> torch.Tensor:
-    """``(N, T)`` 0/1 float64: whether passage ``n`` uses index term ``t``."""
+def _incidence(texts, terms) -> torch.Tensor:
+    """``(N, T)`` 0/1 float64: whether passage text ``n`` names index term ``t`` (:func:`match_entities`)."""
     col = {t: j for j, t in enumerate(terms)}
-    X = torch.zeros(len(doc_terms), len(terms), dtype=torch.float64)
-    for n, ts in enumerate(doc_terms):
-        for t in set(ts):
-            if t in col:
-                X[n, col[t]] = 1.0
+    X = torch.zeros(len(texts), len(terms), dtype=torch.float64)
+    for n, found in enumerate(_passage_entities(tuple(texts), tuple(terms))):
+        for t in found:
+            X[n, col[t]] = 1.0
     return X
 
 
@@ -186,20 +318,21 @@ def entity_graph(data=None, terms: tuple[str, ...] | None = None, *, exclude: tu
     ``X`` ``(N, T)`` marks which of the ``T`` index terms (default :func:`index_terms`) each of the
     ``N`` passages of ``data`` (default :func:`llmbook.rag.pipeline.book_data`) uses, so
     :math:`A_{st}` is the number of passages that use both :math:`s` and :math:`t`. The passages of
-    the chapters in ``exclude`` are left out, and with them the terms that only they use (chapter 31
-    leaves out its own passages, whose prose names the very examples it prints).
+    the chapters in ``exclude`` are left out (chapter 31 leaves out its own passages, whose prose names
+    the very examples it prints). A term that then shares no passage with another term would be an
+    isolated node, a community of its own: it is dropped, and ``terms`` lists the nodes that remain.
     """
+    from llmbook.rag.corpus import passage_text
     from llmbook.rag.pipeline import book_data
 
     data = book_data() if data is None else data
     terms = index_terms() if terms is None else tuple(terms)
     keep = [n for n, p in enumerate(data.passages) if p.chapter not in set(exclude)]
-    X = _incidence([data.doc_terms[n] for n in keep], terms)
-    if exclude:  # terms that only the excluded chapters use would be isolated nodes: drop them
-        used = (X.sum(0) > 0).nonzero().flatten().tolist()
-        terms, X = tuple(terms[j] for j in used), X[:, used]
+    X = _incidence([passage_text(data.passages[n]) for n in keep], terms)
     A = X.T @ X
     A.fill_diagonal_(0.0)
+    linked = (A.sum(0) > 0).nonzero().flatten().tolist()  # terms with at least one co-occurring term
+    terms, X, A = tuple(terms[j] for j in linked), X[:, linked], A[linked][:, linked]
     chapters = torch.tensor([data.passages[n].chapter for n in keep], dtype=torch.long)
     C = int(chapters.max().item()) + 1 if len(chapters) else 1
     per_chapter = F.one_hot(chapters, C).double().T @ X  # (C, T) passages of each chapter using each term
@@ -212,11 +345,12 @@ def passage_graph(data=None, terms: tuple[str, ...] | None = None) -> torch.Tens
     :math:`\mathrm{idf}_t = \log(N / \mathrm{df}_t)`: two passages that share a term few passages
     use are linked more strongly than two that share a common one. Returns ``(N, N)`` float64.
     """
+    from llmbook.rag.corpus import passage_text
     from llmbook.rag.pipeline import book_data
 
     data = book_data() if data is None else data
     terms = index_terms() if terms is None else tuple(terms)
-    X = _incidence(data.doc_terms, terms)
+    X = _incidence([passage_text(p) for p in data.passages], terms)
     idf = torch.log(X.shape[0] / X.sum(0).clamp_min(1.0))
     W = (X * idf) @ X.T
     W.fill_diagonal_(0.0)

@@ -6,9 +6,10 @@ Two ways in, one representation inside:
   the candidate documents of query ``b``, their retrieval scores and their judged relevance (a grade
   :math:`\ge 0`; binary 0/1 is the special case). A document is *relevant* when its label is above 0.
   The ranking is ``scores`` sorted in descending order; ties keep column order (a stable sort: the
-  earlier column ranks first). A score of ``-inf`` means **not retrieved**: the document never takes
-  a rank, but it still counts in the number of relevant documents :math:`R` and in the ideal ranking of
-  NDCG. That is how a relevant document the system missed lowers recall, AP and NDCG.
+  earlier column ranks first). trec_eval instead breaks ties by document id in descending lexicographic
+  order; order the columns by descending id to reproduce it. A score of ``-inf`` means **not retrieved**:
+  the document never takes a rank, but it still counts in the number of relevant documents :math:`R` and
+  in the ideal ranking of NDCG. That is how a relevant document the system missed lowers recall, AP and NDCG.
 * **A run and its qrels** (TREC's words): per query a ranked list of document ids and a mapping
   ``doc id -> grade``. :func:`run_to_tensors` turns them into the tensors above (the retrieved
   documents in rank order, then the judged relevant documents that were not retrieved, with score
@@ -247,9 +248,10 @@ def dcg(scores, labels, k: int | None = None, gain: str = "exponential") -> Tens
     r"""Discounted cumulative gain: :math:`DCG@k=\sum_{i=1}^{k}\frac{2^{rel_i}-1}{\log_2(i+1)}`.
 
     :math:`rel_i` is the graded label at rank :math:`i` (not retrieved: no rank, no gain). ``gain``:
-    ``"exponential"`` (:math:`2^{rel}-1`, Burges et al. 2005, the catalogue's form; labels <= 1000) or
-    ``"linear"`` (:math:`rel`, Järvelin & Kekäläinen 2002, ``sklearn.metrics.dcg_score`` and trec_eval's
-    ``ndcg``); the two agree on binary labels. ``k=None``: the whole ranking. Ties keep column order;
+    ``"exponential"`` (:math:`2^{rel}-1`, popularised by Burges et al. 2005, RankNet; the catalogue's form;
+    labels <= 1000) or ``"linear"`` (:math:`rel`, the gain of Järvelin & Kekäläinen 2002, who introduced the
+    logarithmic discount; ``sklearn.metrics.dcg_score`` and trec_eval's ``ndcg``); the two agree on binary
+    labels. ``k=None``: the whole ranking. Ties keep column order;
     sklearn by default averages the gain over tied scores (``ignore_ties=False``), so with ties compare
     against a tie-breaking order instead. Returns ``(B,)`` float64.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.distributions import Normal, TransformedDistribution
@@ -72,6 +73,56 @@ def test_td3_target():
     eps = torch.tensor([5.0, -0.5, 1.0], dtype=torch.float64)
     a = cc.td3_target_action(mu, eps, sigma=0.2, noise_clip=0.5, a_max=1.0)
     assert torch.allclose(a, torch.tensor([1.0, -0.3, 0.2], dtype=torch.float64), atol=1e-14)
+
+
+def _td3_target_action_reference(mu_next, xi, sigma, noise_clip, low, high):
+    """TD3's smoothing as in Fujimoto et al. (2018), Algorithm 1 and the authors' TD3.py, written in numpy:
+    noise = clip(sigma * xi, -c, c); next_action = clip(mu'(s') + noise, low, high), elementwise."""
+    noise = np.clip(sigma * xi, -noise_clip, noise_clip)
+    return np.clip(mu_next + noise, low, high)
+
+
+def test_td3_target_action_matches_the_paper_and_a_gymnasium_box():
+    import gymnasium as gym
+
+    rng = np.random.default_rng(0)
+    # a symmetric box [-a_max, a_max], actions and noise large enough that both clips bind often
+    mu = rng.uniform(-1.2, 1.2, size=(500, 3))
+    xi = rng.normal(size=(500, 3)) * 3
+    a = cc.td3_target_action(torch.tensor(mu), torch.tensor(xi), sigma=0.2, noise_clip=0.5, a_max=1.0)
+    ref = _td3_target_action_reference(mu, xi, 0.2, 0.5, -1.0, 1.0)
+    np.testing.assert_allclose(a.numpy(), ref, rtol=0, atol=1e-15)
+    noise_clipped = np.abs(0.2 * xi) > 0.5
+    box_clipped = np.abs(mu + np.clip(0.2 * xi, -0.5, 0.5)) > 1.0
+    assert noise_clipped.mean() > 0.2 and box_clipped.mean() > 0.05  # both clips are exercised
+    # the order matters: clipping only the sum, or only the noise, gives other actions
+    assert not np.allclose(a.numpy(), np.clip(mu + 0.2 * xi, -1.0, 1.0))
+    assert not np.allclose(a.numpy(), mu + np.clip(0.2 * xi, -0.5, 0.5))
+    # an asymmetric per-dimension box, read from a gymnasium Box
+    box = gym.spaces.Box(low=np.array([-2.0, 0.0, -0.5]), high=np.array([2.0, 1.0, 0.25]), dtype=np.float64)
+    mu_b = rng.uniform(box.low - 0.3, box.high + 0.3, size=(500, 3))
+    a_b = cc.td3_target_action(torch.tensor(mu_b), torch.tensor(xi), sigma=0.3, noise_clip=0.4,
+                               a_low=torch.tensor(box.low), a_high=torch.tensor(box.high))
+    np.testing.assert_allclose(a_b.numpy(), _td3_target_action_reference(mu_b, xi, 0.3, 0.4, box.low, box.high),
+                               rtol=0, atol=1e-15)
+    assert all(box.contains(x) for x in a_b.numpy())
+    # the smoothing noise is N(0, sigma^2) clipped to [-c, c]: its mean is 0 and its second moment matches the
+    # truncation formula E[min(sigma^2 xi^2, c^2)] (scipy.stats), within 5 standard errors
+    from scipy import stats
+    xi_big = torch.randn(200_000, generator=_g(7), dtype=torch.float64)
+    eps = cc.td3_target_action(torch.zeros(200_000, dtype=torch.float64), xi_big, sigma=0.2, noise_clip=0.3,
+                               a_max=10.0).numpy()
+    z = 0.3 / 0.2
+    m2 = 0.2**2 * (stats.norm.cdf(z) - stats.norm.cdf(-z) - 2 * z * stats.norm.pdf(z)) + 0.3**2 * 2 * stats.norm.sf(z)
+    assert abs(eps.mean()) < 5 * eps.std() / math.sqrt(len(eps))
+    assert abs((eps**2).mean() - m2) < 5 * (eps**2).std() / math.sqrt(len(eps))
+    assert eps.max() <= 0.3 and eps.min() >= -0.3
+    with pytest.raises(ValueError, match="a_low <= a_high"):
+        cc.td3_target_action(torch.zeros(2), torch.zeros(2), a_low=1.0, a_high=-1.0)
+    with pytest.raises(ValueError, match="a_low and a_high must"):
+        cc.td3_target_action(torch.zeros(4, 2), torch.zeros(4, 2), a_low=torch.zeros(3), a_high=torch.ones(3))
+    with pytest.raises(ValueError, match="must have the same shape|same shape"):
+        cc.td3_target_action(torch.zeros(4, 2), torch.zeros(4, 3))
 
 
 @pytest.mark.equation("34.10", oracle="float64 closed form sum_t gamma^t (r_t + alpha H_t) by a loop")

@@ -7,6 +7,7 @@ linear-quadratic example plus central finite differences (MADDPG).
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,3 +130,88 @@ def test_maddpg_gradient_linear_quadratic():
     assert buf.grad is None or (buf.grad == 0).all()
     with pytest.raises(ValueError, match="i must be"):
         C.maddpg_actor_loss(critic, x, buffer, buffer[:, 0], 3)
+
+
+# ----------------------------------------------------------------------------- learning on a matrix game
+COORD = torch.tensor([[8.0, -12.0, -12.0], [-12.0, 0.0, 0.0], [-12.0, 0.0, 0.0]], dtype=torch.float64)
+
+
+def _mixer_params(R=3, N=2, E=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((R, N, E), (R, E), (R, E), (R,))]
+
+
+@pytest.mark.equation("39.04", oracle="torch.autograd gradients; the mixing formula in numpy")
+def test_monotonic_mix_formula_and_monotonicity():
+    W1, b1, W2, b2 = _mixer_params()
+    Q = (3 * torch.randn(3, 50, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)).requires_grad_()
+    out = C.monotonic_mix(Q, W1, b1, W2, b2)
+    q, w1, w2 = Q.detach().numpy(), np.abs(W1.numpy()), np.abs(W2.numpy())
+    z = np.einsum("rbn,rne->rbe", q, w1) + b1.numpy()[:, None]
+    h = np.where(z > 0, z, np.expm1(z))  # ELU
+    ref = (h * w2[:, None]).sum(-1) + b2.numpy()[:, None]
+    np.testing.assert_allclose(out.detach().numpy(), ref, atol=1e-12)
+    g = torch.autograd.grad(out.sum(), Q)[0]
+    assert (g >= 0).all()
+    g_free = torch.autograd.grad(C.monotonic_mix(Q, W1, b1, W2, b2, monotonic=False).sum(), Q)[0]
+    assert (g_free < 0).any()  # the counter-example: without abs the mixer is not monotone
+    with pytest.raises(ValueError, match="W2 must be"):
+        C.monotonic_mix(Q, W1, b1, W2[:, :2], b2)
+
+
+def _lstsq_additive(payoff):
+    A1, A2 = payoff.shape
+    X = torch.zeros(A1 * A2, A1 + A2, dtype=torch.float64)
+    for a1, a2 in itertools.product(range(A1), range(A2)):
+        X[A2 * a1 + a2, a1] = X[A2 * a1 + a2, A1 + a2] = 1.0
+    w = torch.linalg.lstsq(X, payoff.reshape(-1, 1), driver="gelsd").solution
+    return (X @ w).reshape(A1, A2)
+
+
+def test_training_converges_to_the_least_squares_fits_under_uniform_data():
+    """Uniform exploration: VDN's Q_tot -> the least-squares additive fit (torch.linalg.lstsq), an independent
+    learner's Q_i(a) -> the payoff's mean over the partner's uniform actions; within 4 standard errors."""
+    R = 40
+    kw = dict(runs=R, steps=500, eps_start=1.0, eps_end=1.0, generator=torch.Generator().manual_seed(0))
+    vdn_run = C.train_matrix_game(COORD, "vdn", **kw)
+    Q_tot = vdn_run["Q_tot"]
+    se = (Q_tot.std(0) / R**0.5).max()
+    assert (Q_tot.mean(0) - _lstsq_additive(COORD)).abs().max() < 4 * se
+    assert not vdn_run["optimal"][-1].any()  # the additive fit misses (0, 0)
+    kw["generator"] = torch.Generator().manual_seed(0)
+    ind = C.train_matrix_game(COORD, "independent", **kw)
+    for i, means in enumerate((COORD.mean(1), COORD.mean(0))):
+        se = (ind["Q"][i].std(0) / R**0.5).max()
+        assert (ind["Q"][i].mean(0) - means).abs().max() < 4 * se
+    assert ind["Q_tot"] is None
+
+
+@pytest.mark.parametrize("method", ["independent", "vdn", "qmix"])
+def test_factorisable_payoff_is_fitted_and_solved(method):
+    """On an additive payoff u_i + v_j every method can represent the team value; all runs find the optimum,
+    and VDN / QMIX fit every entry (the exploration covers all joint actions)."""
+    u, v = torch.tensor([0.0, 2.0, -1.0], dtype=torch.float64), torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    payoff = u[:, None] + v[None, :]
+    out = C.train_matrix_game(payoff, method, runs=10, steps=600, eps_end=0.3, lr=0.05)
+    assert out["optimal"][-1].all()
+    assert (out["greedy"][-1] == torch.tensor([1, 0])).all()
+    if method != "independent":
+        assert (out["Q_tot"] - payoff).abs().mean() < 0.1
+
+
+def test_qmix_fits_a_monotone_non_additive_payoff_better_than_vdn():
+    payoff = torch.tensor([[0.0, 0.0], [0.0, 4.0]], dtype=torch.float64)  # monotone in each agent, not a sum
+    kw = dict(runs=10, steps=800, eps_start=1.0, eps_end=1.0)
+    err = {m: (C.train_matrix_game(payoff, m, **kw)["Q_tot"] - payoff).abs().max(-1).values.max(-1).values.mean()
+           for m in ("vdn", "qmix")}
+    assert abs(err["vdn"] - 1.0) < 0.2  # the best additive fit is off by exactly 1 on every entry
+    assert err["qmix"] < 0.4
+
+
+def test_train_matrix_game_bad_input():
+    with pytest.raises(ValueError, match="method"):
+        C.train_matrix_game(COORD, "qtran")
+    with pytest.raises(ValueError, match="N >= 2"):
+        C.train_matrix_game(torch.zeros(3), "vdn")
+    with pytest.raises(ValueError, match="eps_end"):
+        C.train_matrix_game(COORD, "vdn", eps_end=2.0)

@@ -180,3 +180,24 @@ def test_try_it_numbers_of_chapter_39():
               f"the value is {eq.value:.1f}",
               f"F = 0.9\\cdot 2 - 1 = {F[0, 0, 1].item():.1f}", f"Q'^*(s,a) = 0.5 - 1 = {0.5 - 1.0:.1f}"]
     assert_states("39-multi-agent.ipynb", stated)
+
+
+def test_hedge_current_strategies_match_numpy_and_spiral_outwards():
+    """The current strategies against the recursion x_{t+1} ∝ x_t exp(eta A y_t) written in numpy; on
+    rock-paper-scissors KL(x*||x_t) + KL(y*||y_t) grows at every round (Bailey and Piliouras, 2018)."""
+    from scipy.stats import entropy
+
+    A = torch.tensor([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]], dtype=torch.float64)
+    x0, y0 = np.array([0.8, 0.1, 0.1]), np.array([0.1, 0.1, 0.8])
+    T, eta = 500, 0.1
+    xbar, ybar, x, y = MA.multiplicative_weights(A, T, eta, x0=torch.tensor(x0), y0=torch.tensor(y0), current=True)
+    xs, ys, An = x0.copy(), y0.copy(), A.numpy()
+    for t in range(T):
+        np.testing.assert_allclose(x[t].numpy(), xs, atol=1e-12)
+        np.testing.assert_allclose(y[t].numpy(), ys, atol=1e-12)
+        xs, ys = xs * np.exp(eta * An @ ys), ys * np.exp(-eta * An.T @ xs)
+        xs, ys = xs / xs.sum(), ys / ys.sum()
+    np.testing.assert_allclose(xbar.numpy(), np.cumsum(x.numpy(), 0) / np.arange(1, T + 1)[:, None], atol=1e-12)
+    u = np.full(3, 1 / 3)
+    kl = np.array([entropy(u, x[t]) + entropy(u, y[t]) for t in range(T)])
+    assert (np.diff(kl) > 0).all()

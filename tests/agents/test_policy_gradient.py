@@ -58,6 +58,40 @@ def test_discounted_visitation_sums_to_horizon():
     assert abs(d.sum().item() - 10.0) < 1e-10  # sum_t gamma^t = 1 / (1 - gamma)
 
 
+
+def test_policy_gradient_theorem_normalised_form_has_the_factor_one_over_one_minus_gamma():
+    # oracle: autograd of the exact J; the states are *sampled* from the normalised visitation (1 - gamma) d^pi by
+    # the geometric-stopping recipe (start from mu0, stop each step with probability 1 - gamma), independent of
+    # the linear solve inside discounted_visitation
+    P, R, mu0, theta = _random_mdp(seed=4)
+    gamma = 0.5
+    th = theta.clone().requires_grad_(True)
+    (grad_auto,) = torch.autograd.grad(_exact_J(P, R, mu0, th, gamma), th)
+    pi = torch.softmax(theta, -1).numpy()
+    P_pi = np.einsum("sa,sat->st", pi, P.numpy())
+    V = np.linalg.solve(np.eye(5) - gamma * P_pi, (pi * R.numpy()).sum(-1))
+    Q = R.numpy() + gamma * P.numpy() @ V
+    rng = np.random.default_rng(0)
+    n = 40_000
+    s = rng.choice(5, size=n, p=mu0.numpy())
+    alive = np.ones(n, dtype=bool)
+    while alive.any():
+        alive &= rng.random(n) < gamma
+        nxt = np.array([rng.choice(5, p=P_pi[k]) for k in s[alive]])
+        if alive.any():
+            s[alive] = nxt
+    d_bar = np.bincount(s, minlength=5) / n
+    d = pg.discounted_visitation(P, R, torch.tensor(pi), gamma, mu0).numpy()
+    assert np.all(np.abs(d_bar - (1 - gamma) * d) < 5 * np.sqrt(d_bar * (1 - d_bar) / n) + 1e-12)
+    # per sampled state, the exact expectation over actions: E_a[grad log pi(a|s) Q(s,a)] in row s
+    inner = pi * (Q - (pi * Q).sum(-1, keepdims=True))  # sum_a pi (e_a - pi) Q, (S, A)
+    samples = np.zeros((n, 5, 3))
+    samples[np.arange(n), s] = inner[s]
+    est, se = samples.mean(0) / (1 - gamma), samples.std(0) / np.sqrt(n) / (1 - gamma)
+    assert np.all(np.abs(est - grad_auto.numpy()) <= 5 * se + 1e-12)
+    assert np.all(np.abs(est - pg.policy_gradient_theorem(P, R, theta, gamma, mu0).numpy()) <= 5 * se + 1e-12)
+    assert np.abs(est * (1 - gamma) - grad_auto.numpy()).max() > 10 * se.max()  # without the factor: wrong
+
 def _chain_batch(mdp, n, seed, theta):
     """n episodes of the softmax policy on the chain MDP with their REINFORCE data (gamma^t G_t, gamma^t)."""
     pi = torch.softmax(theta, -1).detach()

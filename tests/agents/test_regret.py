@@ -53,3 +53,22 @@ def test_simulated_regret_orders():
     r = R.simulate_bandit(mu, "ucb1", 50, runs=2, seed=1)
     ref = [50 * mu.double().max().item() - sum(mu.double().tolist()[a] for a in r.actions[0].tolist())]
     assert r.regret[0, -1].item() == pytest.approx(ref[0], abs=1e-12)
+
+
+def test_mean_band_against_scipy_sem():
+    """Oracle: numpy's mean and ``scipy.stats.sem`` (ddof = 1), times the normal quantile ``scipy.stats.norm``."""
+    import numpy as np
+
+    x = np.random.default_rng(0).normal(size=(37, 5, 3))
+    m, h = R.mean_band(torch.tensor(x))
+    z = scipy.stats.norm.ppf(0.975)
+    np.testing.assert_allclose(m.numpy(), x.mean(0), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(h.numpy(), z * scipy.stats.sem(x, axis=0), rtol=1e-3, atol=0)  # 1.96 vs 1.95996
+    _, h1 = R.mean_band(torch.tensor(x), z=1.0)
+    np.testing.assert_allclose(h1.numpy(), scipy.stats.sem(x, axis=0), rtol=1e-13)
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        R.mean_band(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="finite"):
+        R.mean_band(torch.tensor([[1.0], [float("nan")]]))
+    with pytest.raises(ValueError, match="z must be"):
+        R.mean_band(torch.zeros(3, 2), z=-1.0)

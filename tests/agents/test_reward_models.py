@@ -154,10 +154,13 @@ def test_step_features_without_noise_are_digit_checks():
 
 
 def test_try_it_numbers():
-    from tests.try_it import assert_states
+    from tests.try_it import assert_states, markdown_text
 
     p = RM.plackett_luce_probability(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([[0, 1, 2]])).item()
     rev = RM.plackett_luce_probability(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([[2, 1, 0]])).item()
+    e = math.e  # the closed forms the solution writes (float32 inputs: 1e-6)
+    assert abs(p - e**2 / (e**2 + e + 1) * e / (e + 1)) < 1e-6
+    assert abs(rev - 1 / (e**2 + e + 1) * 1 / (e + 1)) < 1e-6
     hinge = RM.pairwise_margin_loss(torch.tensor([0.3]), torch.tensor([0.0]), margin=1.0).item()
     bt = preference.reward_model_loss(torch.tensor([0.3]), torch.tensor([0.0])).item()
     z = torch.tensor([[3.0, 3.0, -1.0, 3.0]])
@@ -169,4 +172,7 @@ def test_try_it_numbers():
     assert per_response.tolist() == [8] * 9
     assert_states("41-reward-models.ipynb", [f"{p:.4f}", f"{rev:.4f}", f"{hinge:.2f}", f"{bt:.4f}",
                                              *(f"{v:.4f}" for v in agg), f"= {w.shape[1]}$ pairs",
-                                             "each response in 8 of them", f"is `{tuple(w.shape)}`"])
+                                             "each response in 8 of them", f"is `{tuple(w.shape)}`",
+                                             r"\frac{1}{e^2+e+1}\cdot\frac{1}{e+1}"])
+    text = markdown_text("41-reward-models.ipynb")  # the reverse's second factor is 1/(e+1), not e/(e+1)
+    assert text is None or r"\frac{1}{e^2+e+1}\cdot\frac{e}{e+1}" not in text

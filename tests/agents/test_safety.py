@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -148,6 +150,44 @@ def test_cvar_fractional_boundary_and_batch():
         safety.cvar(torch.ones(3), 0.0)
 
 
+def _quantile_average(values, alpha):
+    """Brute-force oracle: (1/alpha) * integral over [0, alpha] of the quantile function F^-1(u) of the
+    equally weighted ``values``, integrated exactly with fractions (F^-1 is a step function)."""
+    atoms = sorted(Counter(values).items())
+    N, total, cum = len(values), Fraction(0), Fraction(0)
+    for v, m in atoms:  # F^-1(u) = v on (cum, cum + m/N]
+        take = min(Fraction(m, N), alpha - cum)
+        if take <= 0:
+            break
+        total, cum = total + take * v, cum + take
+    return total / alpha
+
+
+def test_cvar_against_quantile_average_on_discrete_distributions():
+    # Discrete distributions with ties and atoms that straddle the alpha-quantile: the Rockafellar-Uryasev
+    # maximum must equal the exact quantile average (1e-12); E[X | X <= VaR] must not, in general.
+    rng = np.random.default_rng(7)
+    straddle = 0
+    for _ in range(300):
+        support = rng.choice(np.arange(-6, 7), size=rng.integers(1, 6), replace=False)
+        values = [int(v) for v, m in zip(support, rng.integers(1, 5, size=len(support)), strict=True)
+                  for _ in range(m)]
+        N = len(values)
+        for alpha in {Fraction(int(rng.integers(1, 2 * N + 1)), 2 * N), Fraction(int(rng.integers(1, 8)), 7),
+                      Fraction(1)}:
+            exact = _quantile_average(values, alpha)
+            x = torch.tensor(rng.permutation(values), dtype=torch.float64)
+            assert abs(safety.cvar(x, float(alpha)).item() - float(exact)) < 1e-12, (values, alpha)
+            var = safety.value_at_risk(x, float(alpha)).item()
+            cond = np.mean([v for v in values if v <= var])
+            straddle += abs(cond - float(exact)) > 1e-9
+    assert straddle > 50  # the conditional-mean form is wrong for many of these cases
+    x = torch.tensor([4.0, 0.0, 2.0, 1.0], dtype=torch.float64)  # Try it 1
+    assert abs(safety.cvar(x, 0.375).item() - 1 / 3) < 1e-15
+    assert float(_quantile_average([4, 0, 2, 1], Fraction(3, 8))) == pytest.approx(1 / 3, abs=1e-15)
+    assert np.mean([v for v in (4, 0, 2, 1) if v <= safety.value_at_risk(x, 0.375).item()]) == 0.5
+
+
 @pytest.mark.equation("43.04", oracle="numpy logical or of the two comparisons; brute-force threshold sweep (exact)")
 def test_handoff_and_coverage_risk_curve():
     rng = np.random.default_rng(0)
@@ -187,4 +227,9 @@ def test_try_it_numbers():
     h = bool(safety.handoff(torch.tensor(0.3), torch.tensor(0.9), 0.5, 0.8))
     b = safety.cvar(torch.tensor([2.0] * 9 + [-5.0]), 0.1).item()
     assert h and b == -5.0
-    assert_states("43-safety.ipynb", [f"{a:.4f}", "is `True`", "is $-5$"])
+    x = np.array([4.0, 0.0, 2.0, 1.0])  # Try it 1 by its Rockafellar-Uryasev objective at nu = VaR = 1 (numpy)
+    shortfall = np.maximum(1.0 - x, 0).mean()
+    ru = 1.0 - shortfall / 0.375
+    assert abs(ru - a) < 1e-12 and x[x <= 1.0].mean() == 0.5
+    assert_states("43-safety.ipynb", [f"{a:.4f}", "is `True`", "is $-5$", f"1-{shortfall:.2f}/0.375={ru:.4f}",
+                                      r"\mathbb E[X\mid X\le1]=0.5"])

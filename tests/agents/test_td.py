@@ -193,9 +193,10 @@ def test_q_learning_off_policy_on_lake():
 @pytest.mark.equation("33.04", oracle="numpy: fixed point of the eps-greedy Bellman operator, checked by linalg.solve")
 def test_sarsa_converges_to_epsilon_soft_optimum(cliff):
     Qe = q_eps_star(cliff, EPS)
-    run = td.run_episodes(cliff, "sarsa", 3000, alpha=0.5, alpha_power=0.5, epsilon=EPS, seed=0)
+    # alpha_n = 1 / n^0.6: sum alpha_n = inf and sum alpha_n^2 < inf (Robbins-Monro; 1/sqrt(n) would break the second)
+    run = td.run_episodes(cliff, "sarsa", 3000, alpha=1.0, alpha_power=0.6, epsilon=EPS, seed=0)
     seen = run.visits >= 1000
-    assert (run.values - Qe)[seen].abs().max() < 0.75  # sampled a' noise, decaying step size
+    assert (run.values - Qe)[seen].abs().max() < 0.5  # sampled a' noise, decaying step size
     often = run.visits.sum(1) >= 1000
     assert (Qe.gather(1, run.values.argmax(1, keepdim=True)).squeeze(1) >= Qe.max(1).values - 1e-6)[often].all()
 

@@ -357,3 +357,60 @@ def test_try_it_solutions_of_chapter_6():
     stated += [f"{gap.max().item() * 1e4:.2f}", f"{at:.2f}", f"{g_pos:.4f}", f"{abs(g_neg):.4f}",
                f"{100 * gap.max().item() / g_pos:.3f}", f"{100 * gap.max().item() / abs(g_neg):.1f}"]
     assert_states("06-activations.ipynb", stated)
+
+
+# ================================================================= where the smooth activations dip lowest
+
+# numpy closed forms, independent of the torch code under test
+_NUMPY_FORMS = {
+    "gelu": lambda x: x / 2 * (1 + scipy.special.erf(x / np.sqrt(2))),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x * scipy.special.expit(x),
+    "mish": lambda x: x * np.tanh(np.logaddexp(0.0, x)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NUMPY_FORMS))
+def test_activation_minimum_matches_scipy_brent(name):
+    """Golden-section search against scipy.optimize.minimize_scalar (bounded Brent) on numpy closed forms.
+
+    Tolerances: the minimiser to 1e-6 (near a minimum f is flat, so x is the ill-conditioned part), the
+    minimum value to 1e-12.
+    """
+    import scipy.optimize
+
+    from llmbook.lm.activations import activation_minimum
+
+    ref = scipy.optimize.minimize_scalar(_NUMPY_FORMS[name], bounds=(-3, 0), method="bounded",
+                                         options={"xatol": 1e-12})
+    x_star, f_star = activation_minimum(name)
+    assert abs(x_star - ref.x) < 1e-6
+    assert abs(f_star - ref.fun) < 1e-12
+
+
+def test_activation_minimum_of_silu_has_a_closed_form():
+    """SiLU'(x) = 0 at x + 1 + e^x = 0, so x* = -1 - W(1/e) (Lambert W, scipy) and SiLU(x*) = x* + 1."""
+    from llmbook.lm.activations import activation_minimum
+
+    w = float(scipy.special.lambertw(np.exp(-1.0)).real)
+    x_star, f_star = activation_minimum("silu")
+    assert abs(x_star - (-1 - w)) < 1e-6  # f is flat at a minimum: float64 pins x* only to about sqrt(eps)
+    # e^x* = -(1 + x*) gives sigma(x*) = (1 + x*) / x*, so SiLU(x*) = 1 + x* = -W(1/e)
+    assert abs(f_star - (-w)) < 1e-12
+
+
+def test_activation_minimum_rejects_bad_input():
+    from llmbook.lm.activations import activation_minimum
+
+    with pytest.raises(ValueError, match="smooth activation"):
+        activation_minimum("relu")
+    with pytest.raises(ValueError, match="smooth activation"):
+        activation_minimum("tanh")
+    with pytest.raises(ValueError, match="a < b"):
+        activation_minimum("gelu", bracket=(0.0, -3.0))
+    with pytest.raises(ValueError, match="a < b"):
+        activation_minimum("gelu", bracket=(float("nan"), 0.0))
+    with pytest.raises(TypeError, match="bracket"):
+        activation_minimum("gelu", bracket=None)
+    with pytest.raises(ValueError, match="tol"):
+        activation_minimum("gelu", tol=0.0)

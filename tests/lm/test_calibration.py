@@ -187,6 +187,22 @@ def test_selective_risk_and_curve_match_brute_force():
     assert risk[-1].item() == pytest.approx(loss.mean()) and risk[29].item() < risk[-1].item()
 
 
+@pytest.mark.equation("19.05", oracle="sklearn.metrics.precision_recall_curve: risk = 1 - precision at each threshold")
+@pytest.mark.parametrize("seed,decimals", [(0, 2), (1, 6)])
+def test_risk_coverage_curve_matches_sklearn_precision(seed, decimals):
+    """With ties (confidences rounded): at the end of every tie group the curve equals 1 - sklearn's precision."""
+    rng = np.random.default_rng(seed)
+    conf = np.round(rng.random(500), decimals)
+    correct = (rng.random(500) < conf).astype(float)
+    coverage, risk = cal.risk_coverage_curve(torch.tensor(conf), torch.tensor(1 - correct))
+    precision, _, thresholds = sklearn.metrics.precision_recall_curve(correct, conf)
+    k = (conf[None, :] >= thresholds[:, None]).sum(1)  # answered at each distinct threshold
+    np.testing.assert_allclose(risk.numpy()[k - 1], 1 - precision[:-1], atol=1e-12, rtol=0)
+    np.testing.assert_allclose(coverage.numpy()[k - 1], k / 500, atol=1e-15)
+    order = np.argsort(-conf, kind="stable")  # and the whole curve: sort, then a cumulative mean
+    np.testing.assert_allclose(risk.numpy(), np.cumsum(1 - correct[order]) / np.arange(1, 501), atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- 19.06
 
 
@@ -310,6 +326,7 @@ def test_chapter_prose_numbers():
     b = cal.calibration_bins(conf, correct, 10)
     gaps = b.accuracy - b.confidence
     assert (gaps < -0.01).sum() == 9 and gaps.abs().min() < 0.005  # over-confident in 9 of 10 bins, 1 on the diagonal
+    assert int(gaps.abs().argmin()) == 6  # the seventh bin, (0.6, 0.7], is the one on the diagonal
     assert 0.3 < b.count[-1] / len(test) < 0.36 and round(b.accuracy[-1].item(), 2) == 0.95  # a third; 95 % right
     assert gaps[:5].abs().min() > gaps[5:].abs().max()  # gaps largest below 0.5
     ece = cal.expected_calibration_error(p[test], y[test]).item()
@@ -323,4 +340,5 @@ def test_chapter_prose_numbers():
     assert_states(NOTEBOOK, ["ECE about 0.05", f"MCE {mce:.2f}", f"$T \\approx {T:.2f}$",
                              f"{risk[round(0.2 * len(test)) - 1].item():.1%} at 20 % coverage".replace("%", " %", 1),
                              f"{risk[-1].item():.0%} at full coverage".replace("%", " %", 1),
-                             f"coverage {cov:.2f} with about {size:.0f} characters"], section="all")
+                             f"coverage {cov:.2f} with about {size:.0f} characters",
+                             "the seventh, confidences 0.6 to 0.7", "(the seventh on the diagonal)"], section="all")

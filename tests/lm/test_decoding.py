@@ -487,3 +487,72 @@ def test_try_it_solutions_of_chapter_9():
         assert beta == pytest.approx(float(torch.minimum(p1, q).sum()), abs=1e-12)  # oracle: sum of min(p, q)
         stated.append(f"{beta:.3f}")
     assert_states("09-decoding.ipynb", stated)
+
+
+# ================================================================= measuring a warper (chapter 9's figure and crossing)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("floor", [0.01, 0.05])
+def test_tail_mass_against_numpy(seed, floor):
+    """numpy float64: softmax by hand, the model's own p below the floor, mass of the warped p' there (1e-12)."""
+    from llmbook.lm.decoding import tail_mass
+
+    rng = np.random.default_rng(seed)
+    z = 3 * rng.standard_normal((B, V))
+    w = z / 2.5  # temperature 2.5
+    w[:, :10] = -np.inf  # and a truncation
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    q = np.exp(w - w.max(-1, keepdims=True))
+    q /= q.sum(-1, keepdims=True)
+    want = (q * (p < floor)).sum(-1)
+    got = tail_mass(torch.from_numpy(z), torch.from_numpy(w), floor).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_tail_mass_rejects_bad_input():
+    from llmbook.lm.decoding import tail_mass
+
+    with pytest.raises(ValueError, match="same shape"):
+        tail_mass(torch.zeros(2, 5), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="floor"):
+        tail_mass(torch.zeros(5), torch.zeros(5), floor=0.0)
+    with pytest.raises(ValueError):
+        tail_mass(torch.tensor([0.0, float("nan")]), torch.zeros(2))
+
+
+@pytest.mark.parametrize("f, lo, hi", [
+    (lambda t: t * t - 2.0, 0.0, 2.0),
+    (math.cos, 0.0, 3.0),
+    (lambda t: math.exp(t) - 5.0 + t, -1.0, 3.0),
+    (lambda t: 1.0 - 3.0 * t, 0.0, 1.0),  # decreasing
+])
+def test_find_crossing_matches_scipy_brentq(f, lo, hi):
+    """Bisection against scipy.optimize.brentq, both to 1e-12 in t (tolerance 1e-10)."""
+    import scipy.optimize
+
+    from llmbook.lm.decoding import find_crossing
+
+    assert abs(find_crossing(f, lo, hi, tol=1e-12) - scipy.optimize.brentq(f, lo, hi, xtol=1e-13)) < 1e-10
+
+
+def test_find_crossing_finds_a_jump_across_zero():
+    """A step function has no root, only a sign change: at t = 0.3 (closed form), to the tolerance."""
+    from llmbook.lm.decoding import find_crossing
+
+    assert abs(find_crossing(lambda t: -1.0 if t < 0.3 else 2.0, 0.0, 1.0, tol=1e-9) - 0.3) < 1e-9
+    assert find_crossing(lambda t: t, 0.0, 1.0) == 0.0  # a root at an end is returned as it is
+
+
+def test_find_crossing_rejects_bad_brackets():
+    from llmbook.lm.decoding import find_crossing
+
+    with pytest.raises(ValueError, match="change sign"):
+        find_crossing(lambda t: t * t + 1, -1.0, 1.0)
+    with pytest.raises(ValueError, match="lo < hi"):
+        find_crossing(lambda t: t, 1.0, -1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        find_crossing(lambda t: float("nan"), 0.0, 1.0)
+    with pytest.raises(ValueError, match="tol"):
+        find_crossing(lambda t: t - 0.5, 0.0, 1.0, tol=0.0)

@@ -133,6 +133,28 @@ def test_c07_attention_overtakes_the_parameters_near_6d():
         assert ratio[0] < 1 == ratio[1] < ratio[2]
 
 
+@pytest.mark.equation("17.01", oracle="FlopCounterMode over token-by-token cached decoding (a causal computation)")
+def test_causal_prefill_flops_and_the_12d_crossover():
+    """A causal computation forms no masked score: decoding one token at a time is one. Its counted FLOPs are
+    2NT + attention_flops(T, causal=True); per token the causal term 2(T+1)d meets 24 d^2 at T = 12d - 1
+    (Kaplan et al. 2020: n_ctx = 12 d_model)."""
+    from llmbook.lm import kv_cache as kc
+
+    model, _ = pretrained_tiny()
+    cfg, T = model.config, 40
+    ids = torch.randint(0, cfg.vocab_size, (1, T), generator=torch.Generator().manual_seed(3))
+    cache = kc.KVCache.for_model(model, 1, T)
+    with torch.no_grad():
+        counted = _counted(lambda: [kc.forward_cached(model, ids[:, t:t + 1], cache) for t in range(T)])
+    N = inf.matmul_params(model)
+    assert counted == 2 * N * T + inf.attention_flops(T, cfg.d_model, causal=True, n_layers=cfg.n_layers)
+    assert inf.attention_flops(T, cfg.d_model, causal=True) == 2 * T * (T + 1) * cfg.d_model
+    for d in (128, 4096):
+        per_token = [inf.attention_flops(T, d, causal=True) / T / (2 * 4 * d * d + inf.mlp_flops(1, d, 4 * d))
+                     for T in (12 * d - 2, 12 * d - 1, 12 * d)]
+        assert per_token[0] < 1 == per_token[1] < per_token[2]
+
+
 # ----------------------------------------------------------------------------- 17.05-17.09 latencies, serving metrics
 
 
@@ -325,3 +347,28 @@ def test_numbers_in_the_prose_of_chapter_17():
     assert round(inf.H200.ridge) == 206 and 512 + 64 == 576 and 2 * 128 * 128 == 32768
     assert_states("17-inference.ipynb", ["1,152", "804,480", "784.5", "$6d = 768$", "24,576", "0.27 GFLOPs",
                                          "about 340 tokens", "206 FLOPs per byte", "576", "32{,}768"], section="all")
+
+
+def test_numbers_in_the_prose_of_chapter_17_serving_sections():
+    """Batch 64 against batch 1, the reader's pace, the causal crossover and the prefix-caching example."""
+    from llmbook.lm import kv_cache as kc
+    from llmbook.lm import serving_costs as sc
+    from tests.try_it import assert_states
+
+    kv_tok, P, BW = kc.kv_cache_bytes(32, 1, 1, 32, 128), inf.H200.peak_flops, inf.H200.BW
+    t = {B: inf.decode_latency(*inf.decode_step_cost(6.74e9, B, 1024, n_layers=32, d=4096, kv_bytes_per_token=kv_tok),
+                               P, BW) for B in (1, 64)}
+    model, _ = pretrained_tiny()
+    N, d, L = inf.matmul_params(model), model.config.d_model, model.config.n_layers
+    assert N / (L * d) - 1 == 1568 and 12 * d == 1536 and 12 * 4096 == 49152
+    assert 140 < 1e3 / (5 * 1.3) < 160  # "one every 150 ms or so"
+    full, causal = (inf.attention_flops(8192, 4096, n_layers=32, causal=c) for c in (False, True))
+    assert 1 / 9 < (full - causal) / (2 * 6.74e9 * 8192 + full) < 1 / 7  # "an eighth of the full-matrix prefill"
+    s = sc.prefix_cache_savings(64, 1000, n_params=6.74e9, n_layers=32, d=4096, kv_bytes_per_token=kv_tok,
+                                block_size=16)
+    assert s.tokens == 992
+    assert_states("17-inference.ipynb", [f"{t[64] / t[1]:.1f} times as long",
+                                         f"{64 * t[1] / t[64]:.1f} times the tokens",
+                                         f"{64 * 1024 * kv_tok / 1e9:.1f} GB", f"{2 * 6.74e9 / 1e9:.1f} GB of weights",
+                                         "$T = N/(Ld) - 1 = 1568$", "$12d = 1536$", "49,152",
+                                         f"saves {(full - causal) / 1e12:.1f} TFLOPs"], section="all")

@@ -389,3 +389,30 @@ def test_try_it_solutions_of_chapter_5():
     assert alpha == pytest.approx(2000 ** 0.25, rel=1e-12) and beta == pytest.approx(8000 ** -0.25, rel=1e-12)
     stated += [f"{alpha:.2f}", f"{beta:.3f}", f"{1 / beta:.1f} times smaller", "2000^{1/4}", "8000^{-1/4}"]
     assert_states("05-normalization.ipynb", stated)
+
+
+# ================================================================= the final norm before the LM head (chapter 5)
+
+
+def test_final_norm_before_the_lm_head_is_rmsnorm_of_the_last_residual_stream():
+    """A pre-norm stack never normalises its residual stream; TinyGPT (as Llama) applies one RMSNorm before the head.
+
+    Oracle: the last block's output captured with a forward hook, ``torch.nn.functional.rms_norm`` with the
+    model's final gain, and a plain matrix product with the tied embedding (``F32``)."""
+    from llmbook.lm.gpt import GPTConfig, TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4)).eval()
+    with torch.no_grad():
+        model.norm.weight.copy_(1 + 0.3 * torch.randn(32))
+    captured = []
+    hook = model.blocks[-1].register_forward_hook(lambda m, i, o: captured.append(o))
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids)
+    hook.remove()
+    h_L = captured[0]
+    ref = F.rms_norm(h_L, (32,), model.norm.weight, model.config.norm_eps) @ model.embed.weight.T
+    torch.testing.assert_close(logits, ref, **F32)
+    # without it the logits are not those of the model (the stream's scale is not 1)
+    assert (h_L @ model.embed.weight.T - logits).abs().max() > 1e-2

@@ -56,18 +56,25 @@ def test_parametric_loss_matches_mpmath(law):
 
 
 def test_kaplan_law_limits_and_published_values():
-    """Eq. 1.5 of Kaplan et al. reduces to eq. 1.1 (D -> inf) and eq. 1.2 (N -> inf); mpmath reference."""
-    k = sl.KAPLAN
+    """Eq. 1.5 of Kaplan et al. with its own Table 2 constants; eqs. 1.1 and 1.2 with theirs; mpmath reference."""
+    mp = mpmath.mpf
+    # the single-variable laws, constants typed from eqs. 1.1 and 1.2
     for N in (1e6, 1e9, 1e12):
-        ref = float((mpmath.mpf(k["N_c"]) / N) ** mpmath.mpf(k["alpha_N"]))
-        assert math.isclose(sl.kaplan_loss(N), ref, rel_tol=1e-13)
-        assert math.isclose(sl.kaplan_loss(N, 1e40), ref, rel_tol=1e-6)  # data no longer binds
+        assert math.isclose(sl.kaplan_loss(N), float((mp("8.8e13") / N) ** mp("0.076")), rel_tol=1e-13)
     for D in (1e8, 1e11):
-        ref = float((mpmath.mpf(k["D_c"]) / D) ** mpmath.mpf(k["alpha_D"]))
-        assert math.isclose(sl.kaplan_loss(None, D), ref, rel_tol=1e-13)
-        assert math.isclose(sl.kaplan_loss(1e40, D), ref, rel_tol=1e-6)
-    # the joint law is worse than either limit alone
-    assert sl.kaplan_loss(1e9, 1e10) > max(sl.kaplan_loss(1e9), sl.kaplan_loss(None, 1e10))
+        assert math.isclose(sl.kaplan_loss(None, D), float((mp("5.4e13") / D) ** mp("0.095")), rel_tol=1e-13)
+    # the joint law, constants typed from Table 2: alpha_N 0.076, alpha_D 0.103, N_c 6.4e13, D_c 1.8e13
+    for N, D in ((175e9, 300e9), (1.5e9, 1e10), (1e7, 1e12)):
+        ref = ((mp("6.4e13") / mp(N)) ** (mp("0.076") / mp("0.103")) + mp("1.8e13") / mp(D)) ** mp("0.103")
+        assert math.isclose(sl.kaplan_loss(N, D), float(ref), rel_tol=1e-13)
+    # its limits are the joint fit's own one-variable curves, not eqs. 1.1 / 1.2
+    assert math.isclose(sl.kaplan_loss(1e9, 1e40), float((mp("6.4e13") / mp(1e9)) ** mp("0.076")), rel_tol=1e-6)
+    assert math.isclose(sl.kaplan_loss(1e40, 1e10), float((mp("1.8e13") / mp(1e10)) ** mp("0.103")), rel_tol=1e-6)
+    # an explicit constant overrides the default; passing the single-variable set reproduces the old limits
+    assert math.isclose(sl.kaplan_loss(1e9, 1e40, **{k: sl.KAPLAN[k] for k in ("N_c", "alpha_N", "D_c", "alpha_D")}),
+                        sl.kaplan_loss(1e9), rel_tol=1e-6)
+    # the joint law is worse than either of its limits
+    assert sl.kaplan_loss(1e9, 1e10) > max(sl.kaplan_loss(1e9, 1e40), sl.kaplan_loss(1e40, 1e10))
     with pytest.raises(ValueError, match="needs N, D"):
         sl.kaplan_loss()
 
@@ -89,6 +96,21 @@ def test_training_flops_match_flop_counter(widths, tokens):
     assert sl.training_flops(N, tokens) == counter.get_total_flops() == 6 * N * tokens
     assert torch.equal(sl.training_flops(torch.tensor([N, 2 * N]), torch.tensor(tokens)),
                        torch.tensor([6.0 * N * tokens, 12.0 * N * tokens]))
+
+
+@pytest.mark.parametrize("n_layers,T,d,B", [(1, 16, 8, 2), (3, 10, 12, 4)])
+def test_attention_flops_match_flop_counter(n_layers, T, d, B):
+    """Scores Q K^T and weighted values A V, forward and backward, counted by torch's FlopCounterMode."""
+    g = torch.Generator().manual_seed(0)
+    with FlopCounterMode(display=False) as counter:
+        for _ in range(n_layers):
+            q, k, v = (torch.randn(B, T, d, generator=g, requires_grad=True) for _ in range(3))
+            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d), -1)
+            (a @ v).sum().backward()
+    assert sl.attention_flops(n_layers, T, d, B * T) == counter.get_total_flops() == 12 * n_layers * T * d * B * T
+    assert sl.attention_flops(n_layers, T, d, B * T, kaplan=True) == 6 * n_layers * T * d * B * T  # Kaplan, Table 1
+    with pytest.raises(ValueError, match="n_layers must be a positive int"):
+        sl.attention_flops(0, T, d, 1)
 
 
 # ----------------------------------------------------------------------------- 13.03 and claim C10
@@ -144,6 +166,27 @@ def test_claim_C10_published_constants_miss_chinchilla_the_replication_lands_nea
     # the numbers the chapter states
     assert_states(NOTEBOOK, [f"{N_h / 1e9:.0f} B / {D_h / 1e12:.1f} T", f"{N_b / 1e9:.0f} B / {D_b / 1e12:.1f} T"],
                   section="all")
+
+
+def test_claim_C10_rounding_alone_cannot_reach_70B():
+    """The printed constants are rounded (alpha, beta to 0.005; A, B to 0.05): over that box N* stays in 22-47 B.
+
+    Oracle: scipy's numerical optimum at each of the 16 corners (N* is monotone in each constant, so the
+    corners bound the box). 70 B lies outside it: the rest of the gap to the replication's 72 B is the refit."""
+    h = sl.HOFFMANN
+    corners = []
+    for da in (-0.005, 0.005):
+        for db in (-0.005, 0.005):
+            for dA in (-0.05, 0.05):
+                for dB in (-0.05, 0.05):
+                    law = dict(E=h["E"], A=h["A"] + dA, B=h["B"] + dB, alpha=h["alpha"] + da, beta=h["beta"] + db)
+                    N_ref, _, _ = _numerical_optimum(C_CHINCHILLA, **law)
+                    assert math.isclose(sl.chinchilla_optimal(C_CHINCHILLA, **law)[0], N_ref, rel_tol=1e-6)
+                    corners.append(N_ref)
+    assert 22.0e9 < min(corners) < 22.3e9 and 46.6e9 < max(corners) < 47.0e9
+    N_pub = sl.chinchilla_optimal(C_CHINCHILLA, **h)[0]
+    N_rep = sl.chinchilla_optimal(C_CHINCHILLA, **sl.BESIROGLU)[0]
+    assert min(corners) < N_pub < max(corners) < 70e9 < N_rep
 
 
 # ----------------------------------------------------------------------------- 13.04

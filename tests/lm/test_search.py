@@ -299,3 +299,25 @@ def test_length_penalty_kinds_and_overflow():
     table = torch.log(torch.tensor([[0.1, 0.5, 0.4], [0.6, 0.2, 0.2], [0.0, 0.0, 1.0]]))
     hyps = beam_search(lambda seq: table[seq[-1]], torch.tensor([0]), beam_width=2, max_len=3, eos_id=0, alpha=1e30)
     assert all(math.isfinite(h.score) for h in hyps)
+
+
+@pytest.mark.parametrize("beta", [0.5, 1.0, 3.0])
+@pytest.mark.parametrize("seed", range(4))
+def test_contrastive_weighted_form_is_obrien_lewis_logit_form(beta, seed):
+    """O'Brien & Lewis (2023) score (1 + beta) z_exp - beta z_ama in raw logits, masked where
+    z_exp < log(plausibility) + max z_exp. Our log-probability form with alpha = beta / (1 + beta) is the
+    same score divided by 1 + beta, up to a per-row constant: the plausible sets agree exactly and the
+    scores agree to 1e-10 after removing each row's mean; the argmax is the same token."""
+    rng = np.random.default_rng(seed)
+    z_e, z_a = 2 * rng.standard_normal((6, 30)), 3 * rng.standard_normal((6, 30)) + 1.0
+    plaus = 0.1
+    theirs = (1 + beta) * z_e - beta * z_a
+    theirs = np.where(z_e >= np.log(plaus) + z_e.max(-1, keepdims=True), theirs, -np.inf)
+    ours = (1 + beta) * contrastive_decoding_scores(torch.from_numpy(z_e), torch.from_numpy(z_a), beta / (1 + beta),
+                                                    plaus).numpy()
+    np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(theirs))
+    keep = np.isfinite(theirs)
+    for o, t, k in zip(ours, theirs, keep, strict=True):
+        np.testing.assert_allclose(o[k] - o[k].mean(), t[k] - t[k].mean(), atol=1e-10, rtol=0)
+    np.testing.assert_array_equal(contrastive_decode_step(torch.from_numpy(z_e), torch.from_numpy(z_a),
+                                                          beta / (1 + beta), plaus).numpy(), theirs.argmax(-1))

@@ -6,6 +6,7 @@ co-occurrence graph; per-query personalised PageRank for the batched re-ranker. 
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -101,27 +102,112 @@ def test_attention_rows_are_distributions_over_neighbours():
 # ----------------------------------------------------------------------------------------------- the book's graphs
 
 
+def normalise(text):
+    """Lower case, possessive 's dropped, hyphens and underscores as spaces (the oracle's own substitutions)."""
+    return re.sub(r"[-_\u2010\u2011\u2013]", " ", re.sub(r"['\u2019]s\b", "", text.lower()))
+
+
+def regex_entities(text, entities):
+    """Oracle for gc.match_entities, written with ``re``: the text is normalised by substitutions, cut into runs
+    at punctuation and stopwords by ``re.split``, and each run scanned by one alternation of the entities with
+    the longest (most words) first, which ``re`` tries in order at each position, left to right."""
+    from llmbook.rag.sparse import STOPWORDS
+
+    text = normalise(text)
+    runs = re.split(r"[^\w\s']|'|\b(?:" + "|".join(sorted(STOPWORDS)) + r")\b", text)
+    if not entities:
+        return []
+    alt = "|".join(re.escape(e).replace(r"\ ", r"\s+") for e in sorted(entities, key=lambda e: (-len(e.split()), e)))
+    pattern = re.compile(r"(?<!\w)(?:" + alt + r")(?!\w)")
+    return [" ".join(m.split()) for run in runs for m in pattern.findall(" ".join(run.split()))]
+
+
+def test_entity_runs_normalise_case_hyphens_and_possessives():
+    for variant in ("cross-entropy", "Cross Entropy", "CROSS-ENTROPY", "cross_entropy", "cross - entropy",
+                    "cross\u2013entropy"):
+        assert gc.entity_runs(variant) == [("cross", "entropy")]
+        found = gc.match_entities(f"the {variant} of a model", {"cross entropy", "cross", "entropy"})
+        assert found == ["cross entropy"]
+    # punctuation and stopwords end a run: no name spans "monte. carlo" or "monte and carlo"
+    assert gc.entity_runs("Monte. Carlo, monte and carlo; the KV-cache's size") == [
+        ("monte",), ("carlo",), ("monte",), ("carlo",), ("kv", "cache", "size")]
+    assert gc.match_entities("monte and carlo", {"monte carlo"}) == []
+    with pytest.raises(TypeError, match="text must be a str"):
+        gc.match_entities(["kv", "cache"], {"kv cache"})
+    with pytest.raises(TypeError, match="entities must be"):
+        gc.match_entities("kv cache", {("kv", "cache")})
+
+
+def test_a_phrase_inside_a_longer_name_is_matched_once():
+    names = {"kv cache", "paged kv cache", "cache", "cross entropy", "cross entropy loss", "entropy", "loss"}
+    assert gc.match_entities("A paged KV cache", names) == ["paged kv cache"]
+    assert gc.match_entities("the KV-cache grows", names) == ["kv cache"]
+    assert gc.match_entities("cross-entropy loss, then the entropy and the loss", names) == [
+        "cross entropy loss", "entropy", "loss"]
+    assert gc.match_entities("cross-entropy is a loss", names) == ["cross entropy", "loss"]
+
+
+def test_match_entities_equals_a_regex_oracle_on_random_texts():
+    rng = np.random.default_rng(0)
+    words = ["kv", "cache", "λ", "return", "paged", "cross", "entropy", "loss", "monte", "carlo", "tree", "search",
+             "fine", "tuning"]
+    glue = [" ", " ", " ", "-", "_", " - ", "\u2013", " \u2014 ", ", ", ". ", " the ", " of ", "'s ", "\n", " (", ") "]
+    for _ in range(300):
+        n = int(rng.integers(1, 15))
+        text = ""
+        for w in rng.choice(words, n):
+            w = w.upper() if rng.random() < 0.2 else w.capitalize() if rng.random() < 0.2 else w
+            text += w + str(rng.choice(glue))
+        ents = {" ".join(rng.choice(words, int(rng.integers(1, 5)))) for _ in range(int(rng.integers(0, 12)))}
+        assert gc.match_entities(text, ents) == regex_entities(text, ents), (text, ents)
+
+
+def test_index_terms_are_whole_names_in_the_document_frequency_band():
+    from llmbook.rag.corpus import passage_text
+    from llmbook.rag.pipeline import book_data
+    from llmbook.registry import catalogue
+
+    d = book_data()
+    terms = gc.index_terms()
+    texts = [passage_text(p) for p in d.passages]
+    found = [set(regex_entities(t, terms)) for t in texts]
+    df = {t: sum(t in f for f in found) for t in terms}
+    assert all(3 <= n <= 0.05 * len(texts) for n in df.values())
+    # each term is a word of an equation name, or a phrase of 2-4 words of a name or a named heading
+    names = [" ".join(re.findall(r"[^\W_]+", normalise(e.name))) for e in catalogue().values()]
+    headings = [" ".join(re.findall(r"[^\W_]+", normalise(p.heading))) for p in d.passages
+                if re.search(r"^\d+\. |\(\d+\.\d+\)$", p.heading.strip())]
+    for t in (t for t in terms if " " in t):
+        pattern = r"(?<!\w)" + re.escape(t).replace(r"\ ", " ") + r"(?!\w)"
+        assert any(re.search(pattern, x) for x in names + headings), t
+    # a single word is a whole name, or a word of an equation name that the book mostly writes capitalised
+    whole = {" ".join(w for w in x.split() if not w.isdigit()) for x in names + headings}
+    for t in (t for t in terms if " " not in t):
+        if t in whole:
+            continue
+        assert any(t in x.split() for x in names), t
+        hits = [m.group() for x in texts for m in re.finditer(r"(?<![^\W_])" + re.escape(t) + r"(?![^\W_])", x, re.I)]
+        assert 2 * sum(h != h.lower() for h in hits) >= len(hits), t
+    # the brief's examples are single entities, and their words are no longer nodes that link each other
+    for name in ("cross entropy", "monte carlo", "fine tuning", "kv cache"):
+        assert name in terms
+    assert not {"monte", "carlo"} <= set(terms)
+
+
 def test_entity_graph_counts_pairs_of_terms_sharing_a_passage():
+    from llmbook.rag.corpus import passage_text
+    from llmbook.rag.pipeline import book_data
+
     eg = gc.entity_graph()
     T = len(eg.terms)
     assert eg.A.shape == (T, T) and torch.equal(eg.A, eg.A.T) and (eg.A.diagonal() == 0).all()
-    from llmbook.rag.pipeline import book_data
-
-    sets = [set(ts) for ts in book_data().doc_terms]
+    sets = [set(regex_entities(passage_text(p), eg.terms)) for p in book_data().passages]
     rng = np.random.default_rng(0)
-    for s, t in rng.integers(0, T, (20, 2)).tolist():
+    heavy = torch.nonzero(eg.A > 2)[:10].tolist()  # pairs that do share passages, and random ones
+    for s, t in rng.integers(0, T, (20, 2)).tolist() + heavy:
         if s != t:
             want = sum(eg.terms[s] in x and eg.terms[t] in x for x in sets)
             assert eg.A[s, t].item() == want
-    # the index: words of equation names used by at least 3 and at most 5% of the passages, counted here by sets
-    from llmbook.rag.sparse import analyze
-    from llmbook.registry import catalogue
-
-    words = {w for e in catalogue().values() for w in analyze(e.name)}
-    df = {t: sum(t in x for x in sets) for t in eg.terms}
-    assert set(eg.terms) <= words and all(3 <= n <= 0.05 * len(sets) for n in df.values())
-    band = {w for w in words if len(w) >= 3 and not w.isdigit() and 3 <= sum(w in x for x in sets) <= 0.05 * len(sets)}
-    assert band == set(eg.terms)
 
 
 def test_graph_rerank_is_per_query_ppr_seeded_by_reciprocal_rank():
@@ -144,10 +230,11 @@ def test_entity_graph_exclude_leaves_out_a_chapters_passages():
     d = book_data()
     eg, eg_without = gc.entity_graph(d), gc.entity_graph(d, exclude=(1,))
     n1 = sum(p.chapter == 1 for p in d.passages)
-    assert eg_without.X.shape[0] == len(d.passages) - n1 and (eg_without.X.sum(0) > 0).all()
-    # the same graph by hand: drop chapter 1's rows, then the terms no other chapter uses
+    assert eg_without.X.shape[0] == len(d.passages) - n1 and (eg_without.A.sum(0) > 0).all()
+    # the same graph by hand: drop chapter 1's rows, then the terms that share no remaining passage with another
     rows = [n for n, p in enumerate(d.passages) if p.chapter != 1]
-    cols = [j for j in range(len(eg.terms)) if eg.X[rows, j].sum() > 0]
+    cols = [j for j in range(len(eg.terms))
+            if any(eg.X[n, j] and eg.X[n].sum() > 1 for n in rows)]
     Xk = eg.X[rows][:, cols]
     assert eg_without.terms == tuple(eg.terms[j] for j in cols)
     assert torch.equal(eg_without.A, Xk.T @ Xk - torch.diag((Xk.T @ Xk).diagonal()))

@@ -255,6 +255,31 @@ def test_matches_pytrec_eval_on_runs_with_missing_relevant_documents():
             assert M.dcg(scores[b], labels[b], gain="linear").item() == pytest.approx(ref[q]["ndcg"] * idcg, abs=1e-12)
 
 
+def test_trec_eval_breaks_ties_by_descending_docno():
+    """trec_eval sorts tied scores by document id, descending (strcmp); ours by column: order the columns to match."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    rnd = random.Random(3)
+    ids = [f"d{i}" for i in range(12)]  # "d9" > "d11" > "d10" > "d1" lexicographically
+    for _ in range(20):
+        scores = [float(rnd.choice([1, 2, 3])) for _ in ids]  # many ties
+        grades = [rnd.choice([0, 0, 1, 2]) for _ in ids]
+        if not any(grades):
+            grades[0] = 1
+        qrels = {"q": {d: g for d, g in zip(ids, grades, strict=True) if g}}
+        ref = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank", "ndcg_cut_5", "P_3"}).evaluate(
+            {"q": dict(zip(ids, scores, strict=True))})["q"]
+        desc = sorted(range(len(ids)), key=lambda j: ids[j], reverse=True)
+        s, y = torch.tensor(scores)[desc], torch.tensor(grades)[desc]
+        assert M.mean_reciprocal_rank(s, y).item() == pytest.approx(ref["recip_rank"], abs=1e-12)
+        assert M.ndcg(s, y, k=5, gain="linear").item() == pytest.approx(ref["ndcg_cut_5"], abs=1e-12)
+        assert M.precision_at_k(s, y, 3).item() == pytest.approx(ref["P_3"], abs=1e-12)
+    # and column order is a different rule: the relevant "d1" first in column order, last among ties for trec_eval
+    ref = pytrec_eval.RelevanceEvaluator({"q": {"d1": 1}}, {"recip_rank"}).evaluate(
+        {"q": {"d1": 1.0, "d2": 1.0, "d3": 1.0}})["q"]
+    assert ref["recip_rank"] == pytest.approx(1 / 3)
+    assert M.mean_reciprocal_rank(torch.ones(3), torch.tensor([1, 0, 0])).item() == 1.0
+
+
 # --------------------------------------------------------------------------- conventions and errors
 
 
