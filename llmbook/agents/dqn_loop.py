@@ -42,7 +42,7 @@ __all__ = ["ReplayBuffer", "EnsembleMLP", "sync_target", "run_dqn", "DQNRun"]
 
 class ReplayBuffer:
     r"""A ring buffer of transitions for ``K`` agents: ``s``, ``a``, ``s_next`` long, ``r`` float64, ``done``
-    bool, each ``(K, capacity)``. :meth:`add` writes one transition per agent (tensors ``(K,)``) at the write
+    bool, each ``(K, capacity)``. ``add`` writes one transition per agent (tensors ``(K,)``) at the write
     position, which then advances modulo ``capacity`` (so a full buffer forgets its oldest transition);
     :meth:`sample` draws ``batch`` indices per agent uniformly from the filled part, with replacement."""
 
@@ -138,7 +138,7 @@ def run_dqn(mdp: TabularMDP, features, n_steps: int, *, K: int = 1, hidden: int 
     r"""Train ``K`` DQN agents (seeds) for ``n_steps`` environment steps each on ``mdp``; see the module docstring.
 
     ``features`` ``(S, d_in)``: the network's input for each state (``torch.eye(S)``: one-hot). ``C``: the
-    target refresh period in gradient updates. ``loss``: ``"mse"`` or ``"huber"`` (:func:`dqn_loss`).
+    target refresh period in gradient updates. ``loss``: ``"mse"`` or ``"huber"`` (:func:`llmbook.agents.dqn.dqn_loss`).
     ``gamma`` defaults to ``mdp.gamma``. Networks, environment and minibatches draw from one
     ``torch.Generator`` seeded with ``seed``, so a call is reproducible. Returns :class:`DQNRun`.
 

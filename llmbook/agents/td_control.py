@@ -69,7 +69,8 @@ def double_q_learning_update(Q1, Q2, s, a, r, s_next, done=None, alpha: float = 
 
 
 def maximisation_bias_mdp(n_b: int = 10, mean_b: float = -0.1) -> tuple[TabularMDP, torch.Tensor]:
-    r"""Sutton and Barto's Example 6.7 as a :class:`TabularMDP` and its reward noise ``reward_std`` ``(S, A)``.
+    r"""Sutton and Barto's Example 6.7 as a :class:`~llmbook.agents.envs.TabularMDP`, and its reward noise
+    ``reward_std`` ``(S, A)``.
 
     States ``A`` = 0 (start), ``B`` = 1, and the terminal state 2. Actions 0 = ``left`` and 1 = ``right`` in
     ``A`` (``A`` has ``n_b`` actions like ``B``: actions 2 and up act as ``right``, so give them no weight by

@@ -139,7 +139,7 @@ def gptq_quantize_naive(W: Tensor, H: Tensor, b: int = 4, symmetric: bool = Fals
     r"""GPTQ as the textbook states it, for checking :func:`gptq_quantize`: one explicit inverse per column.
 
     For :math:`i = 1..d_{in}`: round column :math:`i`, then move the columns :math:`F = \{i, \dots\}` by
-    :math:`-rac{w_i - q_i}{[H_F^{-1}]_{11}}(H_F^{-1})_{1,:}` with :math:`H_F^{-1}` inverted from the submatrix
+    :math:`-\frac{w_i - q_i}{[H_F^{-1}]_{11}}\,(H_F^{-1})_{1,\cdot}` with :math:`H_F^{-1}` inverted from the submatrix
     ``H[i:, i:]`` (``torch.linalg.inv``), no Cholesky factor and no blocks: :math:`O(d_{in}^4)`, for small
     layers. Same grid, damping and dead-input rule as :func:`gptq_quantize`, so the two agree to rounding.
 
