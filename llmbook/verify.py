@@ -39,6 +39,14 @@ def _one_digit(d: float) -> str:
     return "0" if d == 0 else f"{float(f'{d:.0e}'):g}"
 
 
+def _fail(name: str, message: str) -> None:
+    """A failed check: raise, or under the audit record it and print ``✗ message``."""
+    if AUDIT_RECORD is None:
+        raise AssertionError(message)
+    AUDIT_RECORD.append((name, False))
+    print(f"✗ {message}")
+
+
 def check_close(what: str, ours, reference, *, atol: float = 1e-6, rtol: float = 0.0) -> None:
     """Print ``✓ matches <what> (max abs diff <d>, tolerance <tol>)`` or raise ``AssertionError``.
 
@@ -56,24 +64,15 @@ def check_close(what: str, ours, reference, *, atol: float = 1e-6, rtol: float =
     atol, rtol = _two_digits(atol), _two_digits(rtol)
     a, b = _np(ours), _np(reference)
     if a.shape != b.shape:
-        message = f"shape {a.shape} differs from the reference {what} shape {b.shape}"
-        if AUDIT_RECORD is not None:
-            AUDIT_RECORD.append((f"matches {what}", False))
-            print(f"✗ {message}")
-            return
-        raise AssertionError(message)
+        return _fail(f"matches {what}", f"shape {a.shape} differs from the reference {what} shape {b.shape}")
     same_inf = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
     finite_a, finite_b = np.where(same_inf, 0.0, a), np.where(same_inf, 0.0, b)  # -inf == -inf counts as equal
     diff = np.abs(finite_a - finite_b)
     bound = atol + rtol * np.abs(finite_b)
     worst = float(np.nanmax(diff)) if diff.size else 0.0
     if np.isnan(diff).any() or not np.all(diff <= bound):
-        message = f"differs from {what}: max abs diff {worst:.3g} > tolerance (atol {atol:g}, rtol {rtol:g})"
-        if AUDIT_RECORD is not None:
-            AUDIT_RECORD.append((f"matches {what}", False))
-            print(f"✗ {message}")
-            return
-        raise AssertionError(message)
+        return _fail(f"matches {what}",
+                     f"differs from {what}: max abs diff {worst:.3g} > tolerance (atol {atol:g}, rtol {rtol:g})")
     if AUDIT_RECORD is not None:
         AUDIT_RECORD.append((f"matches {what}", True))
     if atol == 0 and rtol == 0:
@@ -89,13 +88,10 @@ def check_claim(claim: str, holds: bool, evidence: str) -> None:
     >>> check_claim("C02", 2 > 1, "two is more than one")
     ✓ C02 holds: two is more than one
     """
-    if AUDIT_RECORD is not None:
-        AUDIT_RECORD.append((f"{claim} holds", bool(holds)))
-        if not holds:
-            print(f"✗ {claim} does not hold: {evidence}")
-            return
     if not holds:
-        raise AssertionError(f"{claim} does not hold: {evidence}")
+        return _fail(f"{claim} holds", f"{claim} does not hold: {evidence}")
+    if AUDIT_RECORD is not None:
+        AUDIT_RECORD.append((f"{claim} holds", True))
     print(f"✓ {claim} holds: {evidence}")
 
 

@@ -34,7 +34,6 @@ Registers no equation of the catalogue.
 
 from __future__ import annotations
 
-import bisect
 from typing import NamedTuple
 
 import numpy as np
@@ -42,6 +41,7 @@ import torch
 
 from llmbook._checks import as_tensor, check_int, check_nonnegative_int, check_positive_int, check_range
 from llmbook.agents.envs import TabularMDP
+from llmbook.agents.td import SeededUniforms
 
 __all__ = ["DynaRun", "dyna_q", "dyna_maze", "greedy_value", "MAZE_LAYOUT"]
 
@@ -144,17 +144,8 @@ def dyna_q(mdp: TabularMDP, n_planning: int, n_steps: int, *, alpha: float = 0.1
     model: list[list[tuple | None]] = [[None] * A for _ in range(S)]  # Model(s, a) = (r, s', done)
     seen: list[int] = []  # visited states, in order of first visit
     taken: list[list[int]] = [[] for _ in range(S)]  # actions taken in each state, in order of first use
-    g = torch.Generator().manual_seed(seed)
-    buf: list[float] = []
-
-    def u() -> float:
-        nonlocal buf
-        if not buf:
-            buf = torch.rand(8192, generator=g, dtype=torch.float64).tolist()
-        return buf.pop()
-
-    def draw(c: list) -> int:
-        return min(bisect.bisect_right(c, u() * c[-1]), len(c) - 1)
+    stream = SeededUniforms(seed)
+    u, draw = stream.u, stream.draw
 
     def pick(items: list) -> int:
         return items[min(int(u() * len(items)), len(items) - 1)]
@@ -181,12 +172,10 @@ def dyna_q(mdp: TabularMDP, n_planning: int, n_steps: int, *, alpha: float = 0.1
             taken[s].append(a)
         model[s][a] = (r, s2, done)  # model learning
         n_seen = len(seen)
-        for _ in range(n_planning):  # planning: the same update on simulated experience (u and pick inlined)
-            if len(buf) < 2:  # the same stream as two calls of u(): the old number first, then a new block
-                buf = torch.rand(8192, generator=g, dtype=torch.float64).tolist() + buf
-            ps = seen[min(int(buf.pop() * n_seen), n_seen - 1)]
+        for _ in range(n_planning):  # planning: the same update on simulated experience (pick inlined)
+            ps = seen[min(int(u() * n_seen), n_seen - 1)]
             acts = taken[ps]
-            pa = acts[min(int(buf.pop() * len(acts)), len(acts) - 1)]
+            pa = acts[min(int(u() * len(acts)), len(acts) - 1)]
             pr, ps2, pdone = model[ps][pa]
             qs = Q[ps]
             qs[pa] += alpha * (pr + (0.0 if pdone else gamma * max(Q[ps2])) - qs[pa])

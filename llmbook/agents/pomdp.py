@@ -37,6 +37,17 @@ __all__ = ["make_pomdp", "belief_update", "observation_probability", "alpha_back
            "value_iteration_alpha", "belief_value"]
 
 
+def _model(T, R, O):
+    """The checked tables ``T``, ``O`` (float64) and rewards ``R`` ``(S, A)``."""
+    Td, Od = _tables(T, O)
+    S, A, _ = Td.shape
+    R = as_tensor(R, "R")
+    if tuple(R.shape) != (S, A):
+        raise ValueError(f"R must be (S, A) = ({S}, {A}), got {tuple(R.shape)}")
+    check_finite(R, "R")
+    return Td, Od, R
+
+
 def _tables(T, O) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: E741
     T = _transitions(T, "T")
     S, A, _ = T.shape
@@ -70,12 +81,8 @@ def make_pomdp(T, R, O, gamma: float, b0=None, *, state_names: tuple = (), actio
     >>> p.S, p.A, p.n_obs
     (2, 1, 3)
     """
-    Td, Od = _tables(T, O)
+    Td, Od, R = _model(T, R, O)
     S, A, _ = Td.shape
-    R = as_tensor(R, "R")
-    if tuple(R.shape) != (S, A):
-        raise ValueError(f"R must be (S, A) = ({S}, {A}), got {tuple(R.shape)}")
-    check_finite(R, "R")
     b = torch.full((S,), 1.0 / S, dtype=torch.float64) if b0 is None else _belief(b0, S)[0]
     if b.dim() != 1:
         raise ValueError(f"b0 must be (S,) = ({S},), got {tuple(b.shape)}")
@@ -146,12 +153,8 @@ def alpha_backup(Gamma, T, R, O, gamma: float) -> tuple[torch.Tensor, torch.Tens
     >>> alpha_backup(torch.tensor([[2.0]]), T, torch.tensor([[1.0]]), O, 0.5)[0].tolist()
     [[2.0]]
     """
-    Td, Od = _tables(T, O)
+    Td, Od, R = _model(T, R, O)
     S, A, _ = Td.shape
-    R = as_tensor(R, "R")
-    if tuple(R.shape) != (S, A):
-        raise ValueError(f"R must be (S, A) = ({S}, {A}), got {tuple(R.shape)}")
-    check_finite(R, "R")
     G = _alphas(Gamma, S)
     gamma = _gamma(gamma)
     K, n_obs = G.shape[0], Od.shape[2]

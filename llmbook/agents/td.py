@@ -253,6 +253,24 @@ class TDRun(NamedTuple):
 METHODS = ("td0", "q_learning", "sarsa", "expected_sarsa")
 
 
+class SeededUniforms:
+    """The uniform random numbers of the tabular learners: ``torch.rand`` in blocks of 8192 from ``seed``, used one
+    at a time (``u()``), and ``draw(c)``, an index drawn from a cumulative weight list ``c``. Learners that share
+    this stream from the same seed take the same random decisions (Dyna-Q with no planning is Q-learning)."""
+
+    def __init__(self, seed: int):
+        self._g = torch.Generator().manual_seed(seed)
+        self._buf: list[float] = []
+
+    def u(self) -> float:
+        if not self._buf:
+            self._buf = torch.rand(8192, generator=self._g, dtype=torch.float64).tolist()
+        return self._buf.pop()
+
+    def draw(self, c: list) -> int:
+        return min(bisect.bisect_right(c, self.u() * c[-1]), len(c) - 1)
+
+
 def run_episodes(mdp: TabularMDP, method: str, n_episodes: int, *, pi=None, alpha: float = 0.1,
                  alpha_power: float = 0.0, epsilon: float = 0.1, gamma: float | None = None, seed: int = 0,
                  max_steps: int = 10_000, init=None, record: bool = False, every: int = 0) -> TDRun:
@@ -310,17 +328,8 @@ def run_episodes(mdp: TabularMDP, method: str, n_episodes: int, *, pi=None, alph
         raise ValueError(f"init must be {shape}, got {tuple(X.shape)}")
     X = X.tolist()
     counts = [[0] * A for _ in range(S)]
-    g = torch.Generator().manual_seed(seed)
-    buf: list[float] = []
-
-    def u() -> float:
-        nonlocal buf
-        if not buf:
-            buf = torch.rand(8192, generator=g, dtype=torch.float64).tolist()
-        return buf.pop()
-
-    def draw(c: list) -> int:
-        return min(bisect.bisect_right(c, u() * c[-1]), len(c) - 1)
+    stream = SeededUniforms(seed)
+    u, draw = stream.u, stream.draw
 
     def act(s: int) -> int:
         if td0:

@@ -74,6 +74,27 @@ def _sym(symmetric) -> bool:
 # --------------------------------------------------------------------------- 12.05 GPTQ
 
 
+def _gptq_problem(W, H, b, symmetric, damp):
+    """Checked inputs of GPTQ: (W, its working copy, damped H, the grid fixed from W); dead inputs zeroed."""
+    W = _matrix(W)
+    d_in = W.shape[1]
+    H = as_tensor(H, "H")
+    check_finite(H, "H")
+    check_shape(H, (d_in, d_in), "H", "(d_in, d_in), d_in of W")
+    b, symmetric = _bits(b), _sym(symmetric)
+    damp = check_range(damp, "damp", 0.0)
+    dt = compute_dtype(W.dtype)
+    Wc, H = W.to(dt).clone(), H.to(dt).clone()
+    if W.numel() == 0:
+        return W, Wc, H, None
+    g = _grid(Wc, b, symmetric, -1)  # the grid is fixed before any column moves
+    dead = torch.diagonal(H) <= 0
+    H[dead, dead] = 1.0
+    Wc[:, dead] = 0.0
+    H += damp * torch.diagonal(H).mean() * torch.eye(d_in, dtype=dt)
+    return W, Wc, H, g
+
+
 @implements("12.05")
 def gptq_quantize(W: Tensor, H: Tensor, b: int = 4, symmetric: bool = False, block_size: int = 128,
                   damp: float = 0.01) -> Tensor:
@@ -98,23 +119,11 @@ def gptq_quantize(W: Tensor, H: Tensor, b: int = 4, symmetric: bool = False, blo
     >>> gptq_quantize(W, torch.eye(3), b=2, symmetric=True)  # H = I: round to nearest
     tensor([[0.0000, 0.0000, 0.9000]])
     """
-    W = _matrix(W)
-    d_out, d_in = W.shape
-    H = as_tensor(H, "H")
-    check_finite(H, "H")
-    check_shape(H, (d_in, d_in), "H", "(d_in, d_in), d_in of W")
-    b, symmetric = _bits(b), _sym(symmetric)
     block_size = check_positive_int(block_size, "block_size")
-    damp = check_range(damp, "damp", 0.0)
-    dt = compute_dtype(W.dtype)
-    Wc, H = W.to(dt).clone(), H.to(dt).clone()
+    W, Wc, H, g = _gptq_problem(W, H, b, symmetric, damp)
     if W.numel() == 0:
         return W.clone()
-    g = _grid(Wc, b, symmetric, -1)  # the grid is fixed before any column moves
-    dead = torch.diagonal(H) <= 0
-    H[dead, dead] = 1.0
-    Wc[:, dead] = 0.0
-    H += damp * torch.diagonal(H).mean() * torch.eye(d_in, dtype=dt)
+    d_in = Wc.shape[1]
     L, info = torch.linalg.cholesky_ex(H)
     if info != 0:
         raise ValueError("H + damp * mean(diag H) * I is not positive definite; H must be 2 X^T X of real inputs "
@@ -147,22 +156,10 @@ def gptq_quantize_naive(W: Tensor, H: Tensor, b: int = 4, symmetric: bool = Fals
     >>> torch.allclose(gptq_quantize_naive(W, H, b=2, damp=0.0), gptq_quantize(W, H, b=2, damp=0.0))
     True
     """
-    W = _matrix(W)
-    d_out, d_in = W.shape
-    H = as_tensor(H, "H")
-    check_finite(H, "H")
-    check_shape(H, (d_in, d_in), "H", "(d_in, d_in), d_in of W")
-    b, symmetric = _bits(b), _sym(symmetric)
-    damp = check_range(damp, "damp", 0.0)
-    dt = compute_dtype(W.dtype)
-    Wr, H = W.to(dt).clone(), H.to(dt).clone()
+    W, Wr, H, g = _gptq_problem(W, H, b, symmetric, damp)
     if W.numel() == 0:
         return W.clone()
-    g = _grid(Wr, b, symmetric, -1)
-    dead = torch.diagonal(H) <= 0
-    H[dead, dead] = 1.0
-    Wr[:, dead] = 0.0
-    H += damp * torch.diagonal(H).mean() * torch.eye(d_in, dtype=dt)
+    d_in = Wr.shape[1]
     Q = torch.zeros_like(Wr)
     for i in range(d_in):
         Hinv_F = torch.linalg.inv(H[i:, i:])
