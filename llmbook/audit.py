@@ -8,13 +8,21 @@ and re-runs the section of its chapter that shows it (the cells from the markdow
 next section) with the checks recording their verdicts instead of raising. Then it runs the section again
 unperturbed, so that the rest of the notebook sees the state it expects.
 
-For each equation the report gives how often the perturbed object was called in its section, and every
-check of the section with its verdict under the perturbation:
+An integer a registered implementation returns (a FLOP or byte count, a capacity) moves by
+:math:`\max(1, \mathrm{round}(10^{-3}|n|))`; integer tensors (token ids, indices) are left alone.
 
-* **caught**: the check failed, as it should;
-* **survived**: the check still passed. Either it does not test this implementation (it tests a neighbour,
-  or a property that a scale of :math:`1 + 10^{-3}` keeps, such as an argmax or a ratio), or its tolerance is
-  looser than :math:`10^{-3}` relative, or it compares the implementation with itself.
+A check that passes under its own section's perturbation may test another object of the library (a
+neighbour, a helper that is not registered). So each section with such a check is run once more with
+*every* public function and ``nn.Module`` class of the library perturbed at once (:func:`perturbed_library`;
+the checks, validation, plotting and the book's machinery excepted). For each equation the report gives how
+often the perturbed object was called in its section, and every check of the section with its verdict:
+
+* **caught**: the check failed under the perturbation of its section's implementation, as it should;
+* **caught by the library pass**: it failed only when the whole library was perturbed, so it tests another
+  library object, and a wrong one would break it;
+* **survived**: the check passed both times, so no number the library computes can make it fail: it
+  compares the library with itself, or tests a property that a scale of :math:`1 + 10^{-3}` keeps (an
+  argmax, a ratio, an order), or its tolerance is looser than :math:`10^{-3}` relative.
 
 ``python -m llmbook audit-checks [CC ...]`` runs it (every chapter by default) and writes the report. A
 section whose implementation is never called, or returns no floating-point number (token ids, booleans),
@@ -23,6 +31,7 @@ cannot be audited this way, and the report says so.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -45,12 +54,20 @@ MARK = "LLMBOOK-AUDIT "
 SECTION = re.compile(r"\(sec-(\d\d)-(\d\d)\)=")
 
 
-def scaled(value, factor: float = FACTOR):
+def scaled(value, factor: float = FACTOR, ints: bool = False):
     """``value`` with every floating-point number multiplied by ``factor``; other values unchanged.
+
+    With ``ints``, a Python or NumPy integer (not a bool) also moves, by ``max(1, round(|n| (factor - 1)))``,
+    so that a counting function (FLOPs, bytes, a capacity) is perturbed too; integer tensors (token ids,
+    indices) never are.
 
     >>> scaled((torch.tensor([1.0, 2.0]), 3, 0.5), 2.0)
     (tensor([2., 4.]), 3, 1.0)
+    >>> scaled((3, True, 4000), 1.001, ints=True)
+    (4, True, 4004)
     """
+    if ints and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return type(value)(value + max(1, round(abs(int(value)) * (factor - 1))))
     if isinstance(value, torch.Tensor):
         return value * factor if value.is_floating_point() or value.is_complex() else value
     if isinstance(value, np.ndarray):
@@ -58,19 +75,21 @@ def scaled(value, factor: float = FACTOR):
     if isinstance(value, (float, np.floating)):
         return type(value)(value * factor)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(scaled(v, factor) for v in value))
+        return type(value)(*(scaled(v, factor, ints) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(scaled(v, factor) for v in value)
-    if isinstance(value, dict):
-        return {k: scaled(v, factor) for k, v in value.items()}
+        return type(value)(scaled(v, factor, ints) for v in value)
+    if isinstance(value, dict):  # a subclass keeps its type and attributes (only its items are scaled)
+        out = copy.copy(value) if type(value) is not dict else {}
+        out.update({k: scaled(v, factor, ints) for k, v in value.items()})
+        return out
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: scaled(getattr(value, f.name), factor)
+        return dataclasses.replace(value, **{f.name: scaled(getattr(value, f.name), factor, ints)
                                              for f in dataclasses.fields(value) if f.init})
     return value
 
 
 @contextmanager
-def perturbed(obj, namespaces=(), factor: float = FACTOR):
+def perturbed(obj, namespaces=(), factor: float = FACTOR, ints: bool = False):
     """Within the block, ``obj`` (a function, or an ``nn.Module`` class) returns :func:`scaled` outputs.
 
     A function is replaced wherever a module of ``llmbook`` (or a dict of ``namespaces``, such as a kernel's
@@ -84,7 +103,7 @@ def perturbed(obj, namespaces=(), factor: float = FACTOR):
 
         def forward(self, *args, **kwargs):
             stats["calls"] += 1
-            return scaled(base_forward(self, *args, **kwargs), factor)
+            return scaled(base_forward(self, *args, **kwargs), factor, ints)
 
         obj.forward = forward
         try:
@@ -103,7 +122,7 @@ def perturbed(obj, namespaces=(), factor: float = FACTOR):
     @functools.wraps(obj)
     def wrapper(*args, **kwargs):
         stats["calls"] += 1
-        return scaled(obj(*args, **kwargs), factor)
+        return scaled(obj(*args, **kwargs), factor, ints)
 
     places = [vars(m) for name, m in list(sys.modules.items()) if name.startswith("llmbook") and m is not None]
     places += list(namespaces)
@@ -120,13 +139,55 @@ def perturbed(obj, namespaces=(), factor: float = FACTOR):
             ns[key] = obj
 
 
+#: Modules the library-wide pass leaves alone: the checks themselves, input validation, plotting, the
+#: book's machinery and widgets (which display, and compute nothing a check tests).
+INFRASTRUCTURE = ("llmbook.verify", "llmbook.audit", "llmbook._checks", "llmbook.plotting", "llmbook.registry",
+                  "llmbook.coverage", "llmbook.chapters", "llmbook.cli", "llmbook.bookpages", "llmbook.links",
+                  "llmbook.freshness", "llmbook.cpu", "llmbook._precision", "llmbook.widgets", "llmbook.__main__",
+                  "llmbook.data")
+
+
+def _library_objects() -> list:
+    """Every public function and ``nn.Module`` class defined in a non-infrastructure module of ``llmbook``."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("llmbook") or name.startswith(INFRASTRUCTURE):
+            continue
+        for key, value in vars(module).items():
+            if key.startswith("_") or getattr(value, "__module__", None) != name:
+                continue
+            if isinstance(value, type) and issubclass(value, nn.Module) and "forward" in vars(value):
+                found[id(value)] = value
+            elif callable(value) and not isinstance(value, type) and hasattr(value, "__code__"):
+                found[id(value)] = value
+    return list(found.values())
+
+
+@contextmanager
+def perturbed_library(namespaces=(), factor: float = FACTOR):
+    """Within the block, every object of :func:`_library_objects` returns :func:`scaled` outputs (integers too).
+
+    A check that still passes then depends on no number the library computed: it compares the library with
+    itself, or tests a property that a uniform scale keeps, or is looser than the scale. Yields a dict whose
+    ``"objects"`` counts the objects patched.
+    """
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        objects = _library_objects()
+        for obj in objects:
+            stack.enter_context(perturbed(obj, namespaces=namespaces, factor=factor, ints=True))
+        yield {"objects": len(objects)}
+
+
 _STATE: dict = {}
 
 
-def begin(eq_id: str, namespace: dict) -> None:
-    """Start auditing ``eq_id`` in a kernel: perturb its implementation and record the checks (internal)."""
+def begin(eq_id: str, namespace: dict, library: bool = False) -> None:
+    """Start auditing ``eq_id`` in a kernel: perturb its implementation (or, with ``library``, every library
+    object) and record the checks (internal)."""
     obj = registry.resolve(registry.implementation(eq_id))
-    ctx = perturbed(obj, namespaces=(namespace,))
+    ctx = perturbed_library(namespaces=(namespace,)) if library else perturbed(obj, namespaces=(namespace,), ints=True)
     _STATE.update(eq_id=eq_id, ctx=ctx, stats=ctx.__enter__(), name=registry.implementation(eq_id))
     verify.AUDIT_RECORD = []
 
@@ -134,7 +195,7 @@ def begin(eq_id: str, namespace: dict) -> None:
 def end() -> None:
     """Stop auditing; print the section's record as one marked JSON line (internal)."""
     _STATE["ctx"].__exit__(None, None, None)
-    record = {"id": _STATE["eq_id"], "object": _STATE["name"], "calls": _STATE["stats"]["calls"],
+    record = {"id": _STATE["eq_id"], "object": _STATE["name"], "calls": _STATE["stats"].get("calls"),
               "skipped": _STATE["stats"].get("skipped"), "checks": verify.AUDIT_RECORD}
     verify.AUDIT_RECORD = None
     print(MARK + json.dumps(record))
@@ -155,6 +216,31 @@ def _sections(cells) -> list[tuple[str | None, list[int]]]:
     return [s for s in out if s[1]]
 
 
+def watch() -> None:
+    """Record the checks of an unperturbed run (internal)."""
+    verify.AUDIT_RECORD = []
+
+
+def watched() -> None:
+    """Print the checks recorded since :func:`watch` as one marked JSON line, and stop recording (internal)."""
+    record = {"checks": verify.AUDIT_RECORD}
+    verify.AUDIT_RECORD = None
+    print(MARK + json.dumps(record))
+
+
+def _survivors(record: dict) -> list[str]:
+    """Checks of ``record`` that passed under its own perturbation and under the library-wide one (or did
+    not run there)."""
+    library: dict[str, list[bool]] = {}
+    for what, ok in record.get("library") or []:
+        library.setdefault(what, []).append(ok)
+    out = []
+    for what, ok in record["checks"]:
+        if ok and (not library.get(what) or library[what].pop(0)):
+            out.append(what)
+    return out
+
+
 def audit_notebook(path: str | Path, timeout: int = 900) -> list[dict]:
     """Audit one chapter notebook (see the module docstring); returns one record per audited section."""
     import nbformat
@@ -172,70 +258,100 @@ def audit_notebook(path: str | Path, timeout: int = 900) -> list[dict]:
         client.execute_cell(cell, 0)
         return cell.outputs
 
+    def marked(outputs) -> dict:
+        text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+        return json.loads(next(ln for ln in text.splitlines() if ln.startswith(MARK))[len(MARK):])
+
+    def section(code: list[int], start: str, stop: str) -> tuple[dict, list]:
+        run(start)
+        failures = []
+        for i in code:
+            cell = nbformat.v4.new_code_cell(nb.cells[i].source)
+            client.execute_cell(cell, 0)
+            failures += [(i, o) for o in cell.outputs if o.get("output_type") == "error"]
+        return marked(run(stop)), failures
+
+    def plain(code: list[int], eq_id) -> list:
+        """The section as written, so that later sections see the state they expect; returns its checks."""
+        checks, failed = section(code, "_llmbook_audit.watch()", "_llmbook_audit.watched()")
+        if failed and eq_id is not None:  # a cell that changes its own inputs cannot run twice
+            records[-1]["rerun_error"] = f"cell {failed[0][0]}: {failed[0][1].get('ename')}"
+        elif failed:
+            i, out = failed[0]
+            raise RuntimeError(f"{path.name}, cell {i} fails without any perturbation: "
+                               f"{out.get('ename')}: {out.get('evalue')}")
+        return checks["checks"]
+
     with client.setup_kernel():
         run("import llmbook.audit as _llmbook_audit")
         for eq_id, idx in _sections(nb.cells):
             code = [i for i in idx if nb.cells[i].cell_type == "code"]
-            if eq_id is not None and code:
-                run(f"_llmbook_audit.begin({eq_id!r}, globals())")
-                errors = 0
-                for i in code:
-                    cell = nbformat.v4.new_code_cell(nb.cells[i].source)
-                    client.execute_cell(cell, 0)
-                    errors += sum(o.get("output_type") == "error" for o in cell.outputs)
-                outputs = run("_llmbook_audit.end()")
-                text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-                line = next(ln for ln in text.splitlines() if ln.startswith(MARK))
-                record = json.loads(line[len(MARK):])
-                record["errors"] = errors
+            audited = eq_id is not None and bool(code)
+            if audited:
+                record, failed = section(code, f"_llmbook_audit.begin({eq_id!r}, globals())", "_llmbook_audit.end()")
+                record["errors"] = len(failed)
                 records.append(record)
-            for i in code:  # the section as written, so that later sections see the state they expect
-                cell = nbformat.v4.new_code_cell(nb.cells[i].source)
-                client.execute_cell(cell, 0)
-                failed = [o for o in cell.outputs if o.get("output_type") == "error"]
-                if failed and eq_id is not None:  # a cell that changes its own inputs cannot run twice
-                    records[-1]["rerun_error"] = f"cell {i}: {failed[0].get('ename')}"
-                elif failed:
-                    raise RuntimeError(f"{path.name}, cell {i} fails without any perturbation: "
-                                       f"{failed[0].get('ename')}: {failed[0].get('evalue')}")
+            checks = plain(code, eq_id)
+            if audited:
+                record["unperturbed"] = checks
+                if any(ok for _, ok in record["checks"]):  # the library-wide pass, then the section again
+                    lib, failed = section(code, f"_llmbook_audit.begin({eq_id!r}, globals(), library=True)",
+                                          "_llmbook_audit.end()")
+                    record["library"], record["library_errors"] = lib["checks"], len(failed)
+                    plain(code, eq_id)
     return records
 
 
 def report(results: dict[str, list[dict]]) -> str:
     """The audit's Markdown report: a summary line per chapter and every surviving check."""
     lines = ["# Which checks can fail: the perturbation audit", "",
-             f"Each registered implementation's outputs were multiplied by {FACTOR:g} and its section re-run "
-             "(`python -m llmbook audit-checks`, `llmbook/audit.py`). *Caught*: checks of the section that failed, "
-             "as they should. *Survived*: checks that still passed. *Not called*: the section never called the "
-             "perturbed object, so its checks test something else.", ""]
-    totals = {"caught": 0, "survived": 0, "sections": 0, "not called": 0}
+             "This page is the report of the book's own audit of its checks, written by the command it names. "
+             "A printed ✓ is evidence only if a wrong implementation would break it, so the audit breaks each "
+             "implementation on purpose and counts the ✓ that still appear. Chapters that are not listed below "
+             "were not audited in this run.", "",
+             f"Each registered implementation's outputs were multiplied by {FACTOR:g} (integers moved by at least 1) "
+             "and its section re-run (`python -m llmbook audit-checks`, `llmbook/audit.py`). *Caught*: checks of "
+             "the section that failed, as they should. A check that passed was run once more with every function "
+             "and module of the library perturbed at once: *caught by the library pass* means it tests another "
+             "library object than the section's own, and does fail when that is wrong. *Survived*: it passed both "
+             "times, so no number the library computes can make it fail. *Not run*: checks of the unperturbed "
+             "section that did not run under the perturbation (a cell raised first).", ""]
+    totals = {"caught": 0, "library": 0, "survived": 0, "sections": 0, "not run": 0}
     body = []
     for nb, records in results.items():
         caught = sum(not ok for r in records for _, ok in r["checks"])
-        survived = [(r, what) for r in records for what, ok in r["checks"] if ok]
-        idle = [r for r in records if r["calls"] == 0]
+        survived = sum(len(_survivors(r)) for r in records)
+        passed = sum(ok for r in records for _, ok in r["checks"])
+        not_run = sum(max(0, len(r.get("unperturbed", r["checks"])) - len(r["checks"])) for r in records)
         totals["caught"] += caught
-        totals["survived"] += len(survived)
+        totals["library"] += passed - survived
+        totals["survived"] += survived
         totals["sections"] += len(records)
-        totals["not called"] += len(idle)
-        body.append(f"## {nb}: {len(records)} sections, {caught} checks caught, {len(survived)} survived, "
-                    f"{len(idle)} sections not calling their implementation")
+        totals["not run"] += not_run
+        body.append(f"## {nb}: {len(records)} sections, {caught} checks caught, {passed - survived} caught by the "
+                    f"library pass, {survived} survived, {not_run} not run")
         body.append("")
-        body.append("| eq | object | calls | caught | survived (still ✓ under the perturbation) |")
-        body.append("|---|---|---|---|---|")
+        body.append("| eq | object | calls | caught | caught by the library pass | survived (✓ under both "
+                    "perturbations) |")
+        body.append("|---|---|---|---|---|---|")
         for r in records:
-            kept = [w for w, ok in r["checks"] if ok]
+            kept = _survivors(r)
             note = r.get("skipped") or ""
+            missing = len(r.get("unperturbed", r["checks"])) - len(r["checks"])
+            if missing > 0:
+                note = (note + "; " if note else "") + f"{missing} not run under the perturbation"
             if r.get("rerun_error"):
                 note = (note + "; " if note else "") + f"the section fails when run a second time ({r['rerun_error']})"
             body.append(f"| {r['id']} | `{r['object'].split(':')[1]}` | {r['calls']} | "
                         f"{sum(not ok for _, ok in r['checks'])} | "
+                        f"{sum(ok for _, ok in r['checks']) - len(kept)} | "
                         + ("; ".join(w.replace("|", "/") for w in kept) or "none") + (f" ({note})" if note else "")
                         + " |")
         body.append("")
     lines.append(f"**Total**: {totals['sections']} sections audited; {totals['caught']} checks caught the "
-                 f"perturbation, {totals['survived']} survived; {totals['not called']} sections never called "
-                 "their implementation.")
+                 f"perturbation of their section's implementation, {totals['library']} more were caught by the "
+                 f"library-wide pass, {totals['survived']} survived both; {totals['not run']} did not run under the "
+                 "perturbation.")
     lines.append("")
     return "\n".join(lines + body)
 
@@ -247,7 +363,7 @@ def main(chapters: list[int] | None = None, out: str | Path | None = None) -> in
     for nb in nbs:
         start = time.perf_counter()
         results[nb.stem] = records = audit_notebook(nb)
-        survived = sum(ok for r in records for _, ok in r["checks"])
+        survived = sum(len(_survivors(r)) for r in records)
         print(f"{nb.stem}: {len(records)} sections, {survived} checks survived ({time.perf_counter() - start:.0f} s)")
     text = report(results)
     if out is not None:

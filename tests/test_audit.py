@@ -49,7 +49,8 @@ def test_audit_tells_a_check_that_can_fail_from_one_that_cannot(tmp_path):
                                   "from llmbook.verify import check_close\nz = torch.tensor([1.0, 2.0, 3.0])"),
         nbformat.v4.new_markdown_cell("(sec-01-03)=\n## Softmax"),
         nbformat.v4.new_code_cell("check_close('torch.softmax', pr.softmax(z), torch.softmax(z, -1), atol=1e-6)\n"
-                                  "check_close('itself', pr.softmax(z), pr.softmax(z), atol=0)"),
+                                  "check_close('itself', pr.softmax(z), pr.softmax(z), atol=0)\n"
+                                  "check_close('a neighbour', pr.logsumexp(z), torch.logsumexp(z, -1), atol=1e-6)"),
         nbformat.v4.new_markdown_cell("## Elsewhere"),
         nbformat.v4.new_code_cell("check_close('torch.softmax again', pr.softmax(z), torch.softmax(z, -1))"),
     ]
@@ -57,6 +58,21 @@ def test_audit_tells_a_check_that_can_fail_from_one_that_cannot(tmp_path):
     nbformat.write(nb, path)
     (record,) = audit.audit_notebook(path)
     assert record["id"] == "01.03" and record["calls"] == 3 and record["errors"] == 0
-    assert record["checks"] == [["matches torch.softmax", False], ["matches itself", True]]
+    assert record["checks"] == [["matches torch.softmax", False], ["matches itself", True],
+                                ["matches a neighbour", True]]
+    # the library-wide pass breaks the neighbour's check but not the comparison of softmax with itself
+    assert record["library"] == [["matches torch.softmax", False], ["matches itself", True],
+                                 ["matches a neighbour", False]]
+    assert record["unperturbed"] == [["matches torch.softmax", True], ["matches itself", True],
+                                     ["matches a neighbour", True]]
     text = audit.report({"01-toy": [record]})
-    assert "1 checks caught the perturbation, 1 survived" in text and "matches itself" in text
+    assert "1 checks caught the perturbation of their section's implementation, 1 more were caught by the " \
+           "library-wide pass, 1 survived both" in text
+    assert "matches itself" in text and "matches a neighbour" not in text
+
+
+def test_integers_move_only_when_asked():
+    assert audit.scaled(7, 1.001) == 7 and audit.scaled(7, 1.001, ints=True) == 8
+    assert audit.scaled(np.int64(10_000), 1.001, ints=True) == 10_010 and audit.scaled(False, 2.0, ints=True) is False
+    ids = torch.tensor([1, 2])
+    assert torch.equal(audit.scaled(ids, 1.001, ints=True), ids)
