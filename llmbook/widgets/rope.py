@@ -39,9 +39,10 @@ __all__ = ["METHOD_LABELS", "OFFSETS", "PAIRS", "FACTORS", "MIN_VISIBLE_ANGLE", 
 
 #: Context-extension methods offered by the widget (keys of :func:`~llmbook.lm.context_extension.scaled_inv_freq`).
 METHOD_LABELS = {"none": "none", "pi": "PI", "ntk": "NTK-aware", "yarn": "YaRN"}
-#: The static grid has 7 positions x 4 methods x 2 factors = 56 frames. Every position stays inside the target
-#: length 4 * 2048 of the smaller factor; at position 10 PI x16 still turns pair 0 by 0.63 rad.
-OFFSETS = [10, 50, 200, 1000, 2000, 4000, 8000]
+#: The static grid has 6 positions x 4 methods x 2 factors = 48 frames. They reach 32 000, inside the target
+#: length 16 * 2048 = 32 768 of the larger factor; with the smaller factor (target 8192) position 32 000 lies
+#: beyond the target, and the clock's title says so. At position 10 PI x16 still turns pair 0 by 0.63 rad.
+OFFSETS = [10, 100, 1000, 4000, 8000, 32000]
 FACTORS = [4.0, 16.0]
 #: The pairs drawn as clock hands (for D = 64 their wavelengths run from 6 to about 11 000 tokens).
 PAIRS = (0, 4, 8, 12, 16, 20, 24, 28)
@@ -289,7 +290,8 @@ def draw_rope(view: RopeView, fig):
             hands[k].set_data([0, x], [0, y])
             tips[k].set_data([x], [y])
         fast, slow = float(v.angles[0]), float(v.angles[-1])
-        rot_title.set_text(f"position m = {v.offset}: pair {v.pairs[0]} turned\n{_angle_text(fast)}, "
+        beyond = " (past L_target)" if v.offset >= v.L_target else ""
+        rot_title.set_text(f"m = {v.offset}{beyond}: pair {v.pairs[0]} turned\n{_angle_text(fast)}, "
                            f"pair {v.pairs[-1]} {_angle_text(slow)}")
 
     def update(v: RopeView):
@@ -314,7 +316,7 @@ def draw_rope(view: RopeView, fig):
 
 
 def rope_explorer(D: int = 64, L_train: int = 2048) -> Explorer:
-    """Sliders for the position, the method and the factor over :func:`rope_view` (56 precomputed frames)."""
+    """Sliders for the position, the method and the factor over :func:`rope_view` (48 precomputed frames)."""
     return Explorer(
         lambda offset, method, factor: rope_view(offset, method, factor, D=D, L_train=L_train),
         draw_rope,

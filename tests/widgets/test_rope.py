@@ -95,7 +95,7 @@ def test_every_frame_shows_a_visible_rotation():
 
 def test_explorer_frames_are_readable_small_and_equal_to_a_fresh_drawing():
     ex = rw.rope_explorer()
-    assert ex.grid_size == len(rw.OFFSETS) * len(rw.METHOD_LABELS) * len(rw.FACTORS) == 56
+    assert ex.grid_size == len(rw.OFFSETS) * len(rw.METHOD_LABELS) * len(rw.FACTORS) == 48
     assert ex.dpi >= 100 and ex.figsize[0] * ex.dpi <= MAX_DISPLAY_WIDTH_PX
     first = ex.png(offset=10, method="none", factor=4.0)
     png = ex.png(offset=300, method="yarn", factor=16.0)  # blitted on the cached figure
