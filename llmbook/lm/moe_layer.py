@@ -25,6 +25,7 @@ from llmbook.lm.moe import (
     expert_capacity,
     expert_load,
     moe_output,
+    switch_routing,
     top_k_routing,
     update_routing_bias,
 )
@@ -106,8 +107,11 @@ class MoELayer(nn.Module):
         logits = upcast_half(x) @ upcast_half(self.W_g).T  # fp16/bf16: routed in float32
         probs = softmax(logits)
         use_bias = bool(self.routing_bias.any())
-        w, ids = top_k_routing(probs, self.K, renormalize=self.renormalize,
-                               bias=upcast_half(self.routing_bias) if use_bias else None)
+        if self.K == 1 and not self.renormalize and not use_bias:  # Switch: the raw gate of the argmax
+            w, ids = switch_routing(probs)
+        else:
+            w, ids = top_k_routing(probs, self.K, renormalize=self.renormalize,
+                                   bias=upcast_half(self.routing_bias) if use_bias else None)
         logits, probs, w = (restore_half(t, x.dtype) for t in (logits, probs, w))
         capacity = None
         keep = torch.ones_like(ids, dtype=torch.bool)
@@ -158,7 +162,8 @@ BALANCE = ("none", "aux", "bias")
 
 def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps: int = 200, balance: str = "none",
                      alpha: float = 0.3, u: float = 0.003, shared: float = 0.9, noise: float = 1.5, skew: float = 0.0,
-                     lr_router: float = 0.1, lr_expert: float = 1.0, seed: int = 0) -> RoutingSimulation:
+                     lr_router: float = 0.1, lr_expert: float = 1.0, seed: int = 0,
+                     balance_from: int = 0) -> RoutingSimulation:
     r"""Train a toy top-``K`` MoE by full-batch gradient descent and record how its router spreads the tokens.
 
     The ``N`` tokens come from ``E`` clusters (centres plus Gaussian ``noise``, rescaled to norm
@@ -177,6 +182,9 @@ def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps
 
     ``balance``: ``"none"``; ``"aux"`` adds :func:`~llmbook.lm.moe.load_balancing_loss` with strength ``alpha``;
     ``"bias"`` selects with a routing bias moved by :func:`~llmbook.lm.moe.update_routing_bias` with step ``u``.
+    ``balance_from`` (0-based step, default 0) switches the balancing on only from that step: the steps before
+    it train exactly as ``balance="none"`` does, which shows whether a remedy can undo a collapse that has
+    already happened.
     The gradients are written out by hand (the tests compare them with autograd), which makes a run of
     200 steps take a fraction of a second. Everything is float64 and seeded by ``seed``: the history
     is reproducible bit for bit, and runs are cached by their arguments (each call returns its own copy).
@@ -199,8 +207,10 @@ def simulate_routing(E: int = 8, K: int = 2, *, N: int = 256, C: int = 16, steps
     check_range(shared, "shared", 0.0, 1.0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if isinstance(balance_from, bool) or not isinstance(balance_from, int) or not 0 <= balance_from <= steps:
+        raise ValueError(f"balance_from must be an int step in [0, steps = {steps}], got {balance_from!r}")
     sim = _simulate_cached(E, K, N, C, steps, balance, float(alpha), float(u), float(shared), float(noise),
-                           float(skew), float(lr_router), float(lr_expert), seed)
+                           float(skew), float(lr_router), float(lr_expert), seed, balance_from)
     return RoutingSimulation(**{f.name: getattr(sim, f.name).clone() for f in fields(sim)})  # the caller's own copy
 
 
@@ -268,19 +278,20 @@ def _loss_and_grads(x, target, W_g, r, W, b, K, alpha, balance):
     return main, probs, ids, w, load, (dz.T @ x, dz.sum(0), dW)
 
 
-def _simulate(E, K, N, C, steps, balance, alpha, u, shared, noise, skew, lr_router, lr_expert, seed):
+def _simulate(E, K, N, C, steps, balance, alpha, u, shared, noise, skew, lr_router, lr_expert, seed, balance_from=0):
     x, target, W_g, r, W = _toy_task(E, N, C, shared, noise, skew, seed)
     b = torch.zeros(E, dtype=x.dtype)
     loads, losses, all_ids, all_w = [], [], [], []
     first_probs = None
-    for _ in range(steps):
-        main, probs, ids, w, load, (dW_g, dr, dW) = _loss_and_grads(x, target, W_g, r, W, b, K, alpha, balance)
+    for step in range(steps):
+        mode = balance if step >= balance_from else "none"
+        main, probs, ids, w, load, (dW_g, dr, dW) = _loss_and_grads(x, target, W_g, r, W, b, K, alpha, mode)
         if first_probs is None:
             first_probs = probs
         W_g = W_g - lr_router * dW_g
         r = r - lr_router * dr
         W = W - lr_expert * dW
-        if balance == "bias":
+        if mode == "bias":
             b = update_routing_bias(b, load, u)
         loads.append(load)
         losses.append(main)

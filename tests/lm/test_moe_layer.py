@@ -120,3 +120,37 @@ def test_moe_layer_huge_capacity_factor_and_input_kinds():
             free(x.to(dt))
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, C\) with C = 4, got \(2, 3, 5\)"):
         free(torch.randn(2, 3, 5))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_claim_C13_collapse_relative_to_the_start(seed):
+    """The chapter's criterion over ten seeds: the unbalanced imbalance ends >= 1.5 times its start."""
+    run = simulate_routing(balance="none", seed=seed)
+    start, final = float(run.imbalance[0]), float(run.imbalance[-20:].mean())
+    assert start < 2.0 and final > 1.5 * start, (start, final)
+    assert int((run.load[-1] < 16).sum()) >= 2  # at least two experts below a quarter of the balanced 64
+
+
+def test_balance_from_switches_balancing_on_mid_run():
+    none = simulate_routing(E=4, K=2, N=32, C=4, steps=30, balance="none", seed=1)
+    for balance in ("aux", "bias"):
+        always = simulate_routing(E=4, K=2, N=32, C=4, steps=30, balance=balance, seed=1)
+        assert torch.equal(simulate_routing(E=4, K=2, N=32, C=4, steps=30, balance=balance, seed=1,
+                                            balance_from=0).load, always.load)
+        assert torch.equal(simulate_routing(E=4, K=2, N=32, C=4, steps=30, balance=balance, seed=1,
+                                            balance_from=30).main_loss, none.main_loss)
+        late = simulate_routing(E=4, K=2, N=32, C=4, steps=30, balance=balance, seed=1, balance_from=10)
+        assert torch.equal(late.main_loss[:10], none.main_loss[:10])  # before the switch: the unbalanced run
+        assert not torch.equal(late.main_loss[10:], none.main_loss[10:])
+    with pytest.raises(ValueError, match="balance_from"):
+        simulate_routing(steps=5, balance_from=6)
+    with pytest.raises(ValueError, match="balance_from"):
+        simulate_routing(steps=5, balance_from=1.5)
+
+
+def test_late_balancing_on_the_chapters_seed():
+    """Seed 0, switched on at step 200: the numbers the chapter prints (3.50 -> 1.68 aux, 1.42 bias)."""
+    late = {b: simulate_routing(balance=b, seed=0, steps=400, balance_from=200) for b in ("aux", "bias")}
+    assert round(float(late["aux"].imbalance[180:200].mean()), 2) == 3.50
+    assert round(float(late["aux"].imbalance[-20:].mean()), 2) == 1.68
+    assert round(float(late["bias"].imbalance[-20:].mean()), 2) == 1.42
