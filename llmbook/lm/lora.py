@@ -269,17 +269,25 @@ class DoRALinear(LoRALinear):
 
     @torch.no_grad()
     def merge(self) -> None:
-        """:math:`W \\leftarrow W'` in place, keeping a copy of :math:`W` so that unmerging is exact."""
+        r""":math:`W \leftarrow W'` in place, keeping only the ``d_out`` row norms :math:`\|W + \Delta W\|_c`
+        (as ``peft``)."""
         if not self.merged:
-            self._W0 = self.base.weight.clone()  # DoRA's merge is not additive: keep W to undo it exactly
-            self.base.weight.copy_(self.merged_weight())
+            V = self.base.weight + self.delta_weight()
+            self._weight_norm = torch.linalg.vector_norm(V, dim=1)  # (d_out,): all that unmerge needs
+            self.base.weight.copy_(V * _dora_scale(V, self.magnitude)[:, None])
             self.merged = True
 
     @torch.no_grad()
     def unmerge(self) -> None:
+        r""":math:`W = W' \odot \frac{\|W + \Delta W\|_c}{m} - \Delta W`: the row norms kept by ``merge`` and the
+        adapter are enough (no copy of :math:`W`); exact up to float rounding. A row with :math:`m = 0` was
+        merged to zero and cannot be restored (as in ``peft``): it comes back as :math:`-\Delta W`."""
         if self.merged:
-            self.base.weight.copy_(self._W0)
-            del self._W0
+            scale = _dora_scale(self._weight_norm[:, None], self.magnitude)  # m / ||V|| per row (0 if either is 0)
+            zero = scale == 0
+            inv = torch.where(zero, torch.zeros_like(scale), 1 / torch.where(zero, torch.ones_like(scale), scale))
+            self.base.weight.copy_(self.base.weight * inv[:, None] - self.delta_weight())
+            del self._weight_norm
             self.merged = False
 
 

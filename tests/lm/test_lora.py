@@ -188,15 +188,40 @@ def test_dora_matches_peft_forward_merge_and_gradients():
         torch.testing.assert_close(o.lora_B.grad, t.lora_B["default"].weight.grad, atol=1e-9, rtol=1e-9)
         torch.testing.assert_close(o.magnitude.grad, t.lora_magnitude_vector["default"].weight.grad,
                                    atol=1e-9, rtol=1e-9)
+    with torch.no_grad():
+        theirs.merge_adapter()
+        for name in ("q_proj", "v_proj"):
+            layer = getattr(ours, name)
+            layer.merge()
+            torch.testing.assert_close(layer.base.weight, getattr(theirs.base_model.model, name).base_layer.weight,
+                                       **TOL64)
+            assert layer._weight_norm.shape == (layer.base.out_features,)  # all that is kept: one norm per row
     merged = theirs.merge_and_unload()
     with torch.no_grad():
+        for name in ("q_proj", "v_proj"):
+            torch.testing.assert_close(getattr(ours, name).base.weight, getattr(merged, name).weight, **TOL64)
+
+
+def test_dora_unmerge_from_the_norm_vector_matches_peft():
+    """peft's unmerge (``W'`` divided by ``m / ||W + ΔW||`` per row, minus ΔW) restores ``W`` without a copy."""
+    base = _toy()
+    theirs = _peft_lora(base, use_dora=True)
+    ours = copy.deepcopy(base)
+    lo.add_lora(ours, r=4, alpha=8, kind="dora")
+    _copy_into_ours(ours, theirs, "dora")
+    with torch.no_grad():
+        theirs.merge_adapter()
+        theirs.unmerge_adapter()
         for name in ("q_proj", "v_proj"):
             layer = getattr(ours, name)
             W0 = layer.base.weight.clone()
             layer.merge()
-            torch.testing.assert_close(layer.base.weight, getattr(merged, name).weight, **TOL64)
+            assert not torch.allclose(layer.base.weight, W0)  # the merged weight differs from W
             layer.unmerge()
-            assert torch.equal(layer.base.weight, W0)  # DoRA keeps W to undo its merge exactly
+            torch.testing.assert_close(layer.base.weight, W0, atol=1e-12, rtol=1e-12)
+            torch.testing.assert_close(layer.base.weight, getattr(theirs.base_model.model, name).base_layer.weight,
+                                       atol=1e-12, rtol=1e-12)
+            assert not hasattr(layer, "_W0")
 
 
 def test_dora_norm_is_detached_and_rows_have_norm_m():
