@@ -118,8 +118,9 @@ class Adafactor(_RuleOptimizer):
         if group["weight_decay"]:
             theta = theta * (1 - lr * group["weight_decay"])
         if factored:
-            r, c, V = _factored(upcast_half(state["row_var"]).squeeze(-1), upcast_half(state["col_var"]).squeeze(-2),
-                                g, w, eps1)
+            # the registered rule itself (08.07), so that every check of the optimiser checks it too
+            r, c, V = adafactor_second_moment(upcast_half(state["row_var"]).squeeze(-1),
+                                              upcast_half(state["col_var"]).squeeze(-2), g, 1.0 - w, eps1)
             self._store(state, "row_var", r.unsqueeze(-1), p), self._store(state, "col_var", c.unsqueeze(-2), p)
         else:
             V = self._store(state, "variance", upcast_half(state["variance"]).lerp(g * g, w), p)

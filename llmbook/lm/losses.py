@@ -33,7 +33,7 @@ from llmbook._checks import (
     check_unit_interval,
 )
 from llmbook._precision import restore_half, upcast_half
-from llmbook.lm.probability import cross_entropy_loss, log_softmax
+from llmbook.lm.probability import cross_entropy_loss, log_softmax, logsumexp
 from llmbook.registry import implements
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "label_smoothing_loss",
     "focal_loss",
     "sigmoid_focal_loss",
+    "z_loss",
 ]
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -231,3 +232,45 @@ def sigmoid_focal_loss(logits: Float[Tensor, "..."], targets: Float[Tensor, "...
     if alpha is not None:
         loss = (alpha * y + (1 - alpha) * (1 - y)) * loss
     return restore_half(reduce_loss(loss, None, reduction, "entry"), dtype)
+
+
+# ================================================================= z-loss (PaLM)
+
+
+def z_loss(logits: Float[Tensor, "... V"], coef: float = 1e-4, mask: Tensor | None = None,
+           reduction: str = "mean") -> Tensor:
+    r"""PaLM's auxiliary z-loss :math:`L_z = c\,(\log Z)^2`, :math:`\log Z = \log\sum_{i=1}^{V} e^{z_i}`.
+
+    The softmax ignores a shift of all logits, so cross-entropy leaves :math:`\log Z` (the log of the
+    softmax normaliser) free to drift; in bf16 a large :math:`\log Z` costs precision and can set off
+    divergence. PaLM (Chowdhery et al.) adds :math:`10^{-4}\log^2 Z` per token to the loss, which pulls
+    :math:`\log Z` towards 0, i.e. the logits towards log-probabilities. Symbols: :math:`z` ``logits``
+    ``(..., V)``, :math:`c` ``coef`` :math:`\ge 0`; ``mask`` an optional boolean ``(...)`` of counted
+    positions (None: all). The gradient is :math:`\partial L_z/\partial z = 2c\log Z\,\mathrm{softmax}(z)`.
+    (The router z-loss of mixture-of-experts, :func:`llmbook.lm.moe.router_z_loss`, is the same term on
+    router logits.) Shapes ``(..., V) -> ()`` (``"none"``: ``(...)``, zero where ``mask`` is False).
+
+    >>> z_loss(torch.zeros(2, 4), coef=1.0)  # log Z = log 4 at every position: (log 4)^2
+    tensor(1.9218)
+    >>> z_loss(torch.tensor([[0.0, -50.0]]), coef=1.0).item() < 1e-40  # log-probabilities: log Z ~ 0
+    True
+    """
+    z = as_tensor(logits, "logits")
+    check_dim(z, "logits", "(..., V)")
+    check_nonempty(z, "logits")
+    check_finite(z, "logits", allow_neg_inf=True)
+    coef = check_range(coef, "coef", 0.0)
+    check_choice(reduction, "reduction", REDUCTIONS)
+    keep = None
+    if mask is not None:
+        keep = as_tensor(mask, "mask", floating=False)
+        if keep.dtype != torch.bool:
+            raise TypeError(f"mask must be a boolean tensor of counted positions, got dtype {keep.dtype}")
+        if keep.shape != z.shape[:-1]:
+            raise ValueError(f"mask (...) = {tuple(keep.shape)} must match logits (..., V) = {tuple(z.shape)} on (...)")
+    dtype = z.dtype
+    log_Z = logsumexp(upcast_half(z), dim=-1)
+    loss = coef * log_Z.square()
+    if keep is not None:
+        loss = torch.where(keep, loss, torch.zeros_like(loss))
+    return restore_half(reduce_loss(loss, keep, reduction), dtype)

@@ -319,8 +319,11 @@ class Adam(_RuleOptimizer):
             g = g + wd * theta  # L2: the decay goes through m and v
         m, v = _moments(upcast_half(state["exp_avg"]), upcast_half(state["exp_avg_sq"]), g, beta1, beta2)
         self._store(state, "exp_avg", m, p), self._store(state, "exp_avg_sq", v, p)
-        decayed = theta * (1 - lr * wd) if self.decoupled else theta
-        p.copy_(decayed - _adam_step(m, v, state["step"], lr, beta1, beta2, group["eps"]))
+        # the registered rules themselves (08.04, 08.05), so that every check of the optimiser checks them too
+        if self.decoupled:
+            p.copy_(adamw_update(theta, m, v, state["step"], lr, beta1, beta2, group["eps"], wd))
+        else:
+            p.copy_(adam_update(theta, m, v, state["step"], lr, beta1, beta2, group["eps"]))
 
 
 class AdamW(Adam):

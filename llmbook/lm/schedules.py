@@ -6,7 +6,8 @@ r"""Gradient clipping and learning-rate schedules (chapter 8).
 * the schedules are plain functions of the step ``t`` that return a learning rate:
   :func:`cosine_decay` (08.09), :func:`linear_warmup` (08.10), their composition
   :func:`warmup_cosine` (the schedule of GPT-3, Llama and the book's tiny GPT) and
-  :func:`inverse_sqrt` (08.11, the original Transformer's; T5 uses a relative of it);
+  :func:`inverse_sqrt` (08.11, the original Transformer's; T5 uses a relative of it) and
+  :func:`warmup_stable_decay` (WSD: warm-up, a long constant phase, a short final decay);
 * :func:`lambda_lr` drives a ``torch.optim`` optimiser with any of them through
   ``torch.optim.lr_scheduler.LambdaLR``.
 
@@ -30,7 +31,7 @@ from llmbook._precision import compute_dtype, restore_half, upcast_half
 from llmbook.registry import implements
 
 __all__ = ["clip_by_global_norm", "clip_grad_norm_", "cosine_decay", "linear_warmup", "warmup_cosine",
-           "inverse_sqrt", "lambda_lr"]
+           "inverse_sqrt", "warmup_stable_decay", "lambda_lr"]
 
 
 # --------------------------------------------------------------------------- 08.08 clipping
@@ -201,6 +202,48 @@ def inverse_sqrt(t: float, d_model: int, T_warm: int) -> float:
     if t == 0:
         return 0.0
     return d_model**-0.5 * min(t**-0.5, t * T_warm**-1.5)
+
+
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+
+
+def warmup_stable_decay(t: float, T_warm: int, T: int, eta_max: float, eta_min: float = 0.0,
+                        decay_fraction: float = 0.2, shape: str = "linear") -> float:
+    r"""Warmup-stable-decay (WSD): warm up, hold :math:`\eta_{max}`, and decay only over the last steps.
+
+    .. math:: \eta_t = \begin{cases} \eta_{max}\,t/T_{warm} & t < T_{warm}\\
+              \eta_{max} & T_{warm} \le t < T - T_{dec}\\
+              \eta_{min} + (\eta_{max}-\eta_{min})\,f\big((t - T + T_{dec})/T_{dec}\big) & T - T_{dec} \le t < T\\
+              \eta_{min} & t \ge T \end{cases}
+
+    with :math:`T_{dec} = \mathrm{round}(` ``decay_fraction`` :math:`\cdot\,T)` decay steps and :math:`f(s)`
+    ``1 - s`` (``shape="linear"``), :math:`\tfrac12(1+\cos\pi s)` (``"cosine"``) or :math:`1-\sqrt s`
+    (``"1-sqrt"``). Unlike :func:`cosine_decay` the rate does not depend on :math:`T` until the decay
+    starts, so one long constant-rate run can be branched into decays at several lengths (MiniCPM; Hägele
+    et al. 2024). With ``eta_min = 0`` it is transformers' ``get_wsd_schedule(num_warmup_steps=T_warm,
+    num_decay_steps=T_dec, num_training_steps=T, decay_type=shape)`` times :math:`\eta_{max}`. Requires
+    :math:`0 \le T_{warm} \le T - T_{dec}`, ``decay_fraction`` in :math:`[0, 1]`.
+
+    >>> [round(warmup_stable_decay(t, 2, 10, 1.0, decay_fraction=0.4), 2) for t in range(11)]
+    [0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    """
+    t, T_warm, T = _t(t), check_int(T_warm, "T_warm", low=0), check_positive_int(T, "T")
+    eta_max, eta_min = _etas(eta_max, eta_min)
+    decay_fraction = check_range(decay_fraction, "decay_fraction", 0.0, 1.0)
+    if shape not in DECAY_SHAPES:
+        raise ValueError(f"shape must be one of {DECAY_SHAPES}, got {shape!r}")
+    T_dec = round(decay_fraction * T)
+    if T_warm > T - T_dec:
+        raise ValueError(f"T_warm must be <= T - T_dec = {T} - {T_dec}, got T_warm = {T_warm}")
+    if t < T_warm:
+        return linear_warmup(t, T_warm, eta_max)
+    if t >= T:
+        return eta_min
+    if t < T - T_dec:
+        return eta_max
+    s = (t - (T - T_dec)) / T_dec
+    f = {"linear": 1.0 - s, "cosine": 0.5 * (1.0 + math.cos(math.pi * s)), "1-sqrt": 1.0 - math.sqrt(s)}[shape]
+    return eta_min + (eta_max - eta_min) * f
 
 
 def lambda_lr(optimizer: torch.optim.Optimizer, schedule: Callable[..., float], **kwargs) -> LambdaLR:

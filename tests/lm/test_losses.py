@@ -18,7 +18,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbook.lm.losses import focal_loss, label_smoothing_loss, reduce_loss, sigmoid_focal_loss, smoothed_targets
+from llmbook.lm.losses import (
+    focal_loss,
+    label_smoothing_loss,
+    reduce_loss,
+    sigmoid_focal_loss,
+    smoothed_targets,
+    z_loss,
+)
 from tests.try_it import assert_states
 
 F64 = dict(rtol=1e-12, atol=1e-12)
@@ -228,6 +235,49 @@ def test_focal_losses_reject_bad_input():
 
 # ================================================================= the chapter's Try-it solutions
 
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_z_loss_matches_scipy_logsumexp_squared(reduction, masked):
+    """Oracle: c (log Z)^2 with scipy.special.logsumexp in float64; mean over counted positions."""
+    z = 8 * torch.randn(3, 5, 7, generator=gen(3), dtype=torch.float64) + 20  # log Z far from 0
+    mask = torch.rand(3, 5, generator=gen(4)) < 0.6 if masked else None
+    per = 1e-4 * scipy.special.logsumexp(z.numpy(), axis=-1) ** 2
+    if masked:
+        per = per * mask.numpy()
+    expected = {"none": per, "sum": per.sum(), "mean": per.sum() / (mask.sum().item() if masked else per.size)}
+    torch.testing.assert_close(z_loss(z, 1e-4, mask=mask, reduction=reduction),
+                               torch.as_tensor(expected[reduction], dtype=torch.float64), **F64)
+
+
+def test_z_loss_gradient_is_2c_logZ_softmax():
+    """Oracle: the closed-form gradient 2 c log Z softmax(z) (scipy), against autograd through z_loss."""
+    z = (3 * torch.randn(6, 9, generator=gen(5), dtype=torch.float64) + 4).requires_grad_(True)
+    z_loss(z, coef=1e-4, reduction="sum").backward()
+    zn = z.detach().numpy()
+    grad = 2e-4 * scipy.special.logsumexp(zn, axis=-1, keepdims=True) * scipy.special.softmax(zn, axis=-1)
+    torch.testing.assert_close(z.grad, torch.from_numpy(grad), **F64)
+    # float32 and bf16 inputs: computed in float32, against the float64 closed form
+    z32 = torch.randn(4, 50, generator=gen(6)) * 5
+    ref = 1e-4 * torch.logsumexp(z32.double(), -1).square().mean()
+    torch.testing.assert_close(z_loss(z32).double(), ref, rtol=1e-5, atol=0)
+    assert z_loss(z32.bfloat16()).dtype == torch.bfloat16
+
+
+def test_z_loss_rejects_bad_input():
+    with pytest.raises(ValueError, match="coef"):
+        z_loss(torch.zeros(2, 3), coef=-1.0)
+    with pytest.raises(ValueError, match="mask"):
+        z_loss(torch.zeros(2, 3), mask=torch.ones(3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask"):
+        z_loss(torch.zeros(2, 3), mask=torch.ones(2))
+    with pytest.raises(ValueError, match="reduction"):
+        z_loss(torch.zeros(2, 3), reduction="avg")
+    with pytest.raises(ValueError):
+        z_loss(torch.zeros(2, 3), mask=torch.zeros(2, dtype=torch.bool))  # mean over nothing
+    with pytest.raises(ValueError):
+        z_loss(torch.tensor([[0.0, float("nan")]]))
 
 
 def test_try_it_solutions_of_chapter_7():

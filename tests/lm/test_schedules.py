@@ -18,6 +18,7 @@ from transformers import (
     get_cosine_schedule_with_warmup,
     get_cosine_with_min_lr_schedule_with_warmup,
     get_inverse_sqrt_schedule,
+    get_wsd_schedule,
 )
 
 from llmbook.lm import schedules as sc
@@ -150,6 +151,35 @@ def test_inverse_sqrt_is_the_transformer_schedule():
     for step in (1, 100, 3999, 4000, 4001, 10**5):
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
         assert _close(sc.inverse_sqrt(step, 512, 4000), expected)
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])
+@pytest.mark.parametrize("T_warm, T, frac", [(20, 300, 0.2), (0, 100, 0.1), (5, 50, 1 - 5 / 50)])
+def test_warmup_stable_decay_matches_transformers_get_wsd_schedule(shape, T_warm, T, frac):
+    """Oracle: transformers.get_wsd_schedule (eta_min = 0), the rate a real optimiser holds at each step."""
+    eta_max, T_dec = 3e-3, round(frac * T)
+    ref = _lrs(lambda o: get_wsd_schedule(o, num_warmup_steps=T_warm, num_decay_steps=T_dec,
+                                          num_training_steps=T, decay_type=shape), T + 5, eta_max)
+    ours = [sc.warmup_stable_decay(t, T_warm, T, eta_max, decay_fraction=frac, shape=shape) for t in range(T + 5)]
+    for t, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        assert math.isclose(a, b, rel_tol=REL, abs_tol=1e-18), (t, a, b)
+
+
+def test_warmup_stable_decay_with_a_floor_and_bad_input():
+    """eta_min: transformers' min_lr_ratio maps [0, 1] onto [eta_min/eta_max, 1] in the decay phase."""
+    ref = _lrs(lambda o: get_wsd_schedule(o, 10, 40, num_training_steps=200, min_lr_ratio=0.1,
+                                          decay_type="cosine"), 200, 1.0)
+    ours = [sc.warmup_stable_decay(t, 10, 200, 1.0, 0.1, decay_fraction=0.2, shape="cosine") for t in range(200)]
+    # transformers also lifts the warm-up to min_lr_ratio; ours starts at 0
+    for a, b in zip(ours[10:], ref[10:], strict=True):
+        assert math.isclose(a, b, rel_tol=REL)
+    assert sc.warmup_stable_decay(500, 10, 200, 1.0, 0.1) == 0.1
+    with pytest.raises(ValueError, match="shape"):
+        sc.warmup_stable_decay(0, 1, 10, 1.0, shape="step")
+    with pytest.raises(ValueError, match="T_warm"):
+        sc.warmup_stable_decay(0, 9, 10, 1.0, decay_fraction=0.5)
+    with pytest.raises(ValueError, match="decay_fraction"):
+        sc.warmup_stable_decay(0, 1, 10, 1.0, decay_fraction=1.5)
 
 
 def test_lambda_lr_drives_a_real_optimizer_with_our_schedule():
