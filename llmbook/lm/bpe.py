@@ -254,6 +254,7 @@ class BPETokenizer:
         self.special_tokens, self._byte_ids = special_tokens, byte_ids
         self.special_first = bool(special_tokens) and min(special_tokens.values()) == 0
         self._splitter = SpecialSplitter(list(special_tokens))
+        self._splitters: dict[frozenset, SpecialSplitter] = {}  # one per allowed subset, for encode
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
@@ -364,11 +365,49 @@ class BPETokenizer:
             else:
                 yield from self._encode_piece(piece)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special tokens in it become their single ids."""
+    def _special_set(self, value, name: str) -> frozenset:
+        if value == "all":
+            return frozenset(self.special_tokens)
+        if isinstance(value, str):
+            raise TypeError(f"{name} must be 'all' or a collection of special-token strings, got the str {value!r}")
+        out = frozenset(value)
+        unknown = sorted(out - set(self.special_tokens))
+        if unknown:
+            raise ValueError(f"{name} names {unknown}, which are not special tokens of this tokenizer "
+                             f"({sorted(self.special_tokens)})")
+        return out
+
+    def encode(self, text: str, *, allowed_special="all", disallowed_special="all") -> list[int]:
+        """Token ids of ``text``, with tiktoken's policy for special-token strings that appear in it.
+
+        ``allowed_special`` (``"all"`` or a set of special tokens) become their single ids. A special token in
+        ``disallowed_special`` (``"all"``: every special token not allowed) makes ``encode`` raise
+        ``ValueError``: user text that contains ``"<|endoftext|>"`` must not silently end a document or
+        forge a chat turn. A special token in neither set is encoded as ordinary text (bytes and merges).
+        The defaults keep the book's earlier behaviour (every special token allowed); tiktoken's own default
+        is ``allowed_special=set()``, under which any special-token string in the text raises.
+
+        >>> tok = BPETokenizer([], ["<|endoftext|>"])
+        >>> tok.encode("a<|endoftext|>"), len(tok.encode("a<|endoftext|>", allowed_special=(), disallowed_special=()))
+        ([97, 256], 14)
+        """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__} (use encode_bytes for bytes)")
-        return list(self._ids((p, s) for _, p, s in self._splitter.pieces(text)))
+        allowed = self._special_set(allowed_special, "allowed_special")
+        disallowed = (frozenset(self.special_tokens) - allowed if disallowed_special == "all"
+                      else self._special_set(disallowed_special, "disallowed_special"))
+        for sp in sorted(disallowed, key=lambda s: (-len(s), s)):
+            if sp in text:
+                raise ValueError(f"text contains the special token {sp!r}, which is disallowed: pass "
+                                 f"allowed_special={{{sp!r}}} to encode it as one token, or remove it from "
+                                 "disallowed_special (e.g. disallowed_special=()) to encode it as plain text")
+        if allowed == frozenset(self.special_tokens):
+            splitter = self._splitter
+        else:
+            splitter = self._splitters.get(allowed)
+            if splitter is None:
+                splitter = self._splitters[allowed] = SpecialSplitter(sorted(allowed))
+        return list(self._ids((p, s) for _, p, s in splitter.pieces(text)))
 
     def encode_bytes(self, data: bytes) -> list[int]:
         """Token ids of arbitrary bytes (malformed UTF-8 included); ``decode_bytes`` gives them back exactly."""

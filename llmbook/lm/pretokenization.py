@@ -14,8 +14,10 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-__all__ = ["GPT2_PATTERN", "SpecialSplitter", "check_specials", "chunks_of", "gpt2_byte_to_unicode", "pretokenize",
-           "to_bytes"]
+from llmbook._checks import check_choice
+
+__all__ = ["CL100K_PATTERN", "GPT2_PATTERN", "LLAMA3_PATTERN", "O200K_PATTERN", "PATTERNS", "SpecialSplitter",
+           "check_specials", "chunks_of", "gpt2_byte_to_unicode", "pretokenize", "pretokenize_as", "to_bytes"]
 
 #: GPT-2's pre-tokenisation pattern. It matches contractions, letters / numbers / other symbols with an
 #: optional leading space, and whitespace (a run keeps its last space for the next word, ``\s+(?!\S)``).
@@ -30,6 +32,28 @@ try:
 except ImportError:  # pragma: no cover - regex ships with transformers
     PRETOKEN = re.compile(_FALLBACK_PATTERN)
 
+#: GPT-4's pattern (tiktoken's ``cl100k_base``): contractions in any case (``(?i:...)``), a word may start with one
+#: non-letter (``[^\r\n\p{L}\p{N}]?\p{L}+``, so ``_name`` or ``.append`` stay whole), numbers in groups of
+#: at most three digits (``\p{N}{1,3}``), punctuation keeps its trailing newlines, newlines gather into their own
+#: pre-tokens (``\s*[\r\n]+``).
+CL100K_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+#: Llama 3's pattern (``pat_str`` of Meta's ``llama3/tokenizer.py``) is cl100k's, character for character.
+LLAMA3_PATTERN = CL100K_PATTERN
+#: GPT-4o's pattern (tiktoken's ``o200k_base``): a word is an optional run of capitals then lower-case letters
+#: (``camelCase`` is ``camel`` + ``Case``), contractions stay attached to their word, ``/`` joins punctuation.
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+#: The published pre-tokenisation patterns by name (tiktoken's ``openai_public.py``, Meta's ``llama3``).
+PATTERNS = {"gpt2": GPT2_PATTERN, "cl100k": CL100K_PATTERN, "llama3": LLAMA3_PATTERN, "o200k": O200K_PATTERN}
+
 CHUNK = 1 << 16  # characters a stream accumulates before it is cut into pre-tokens
 
 
@@ -42,6 +66,34 @@ def pretokenize(text: str) -> list[str]:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     return PRETOKEN.findall(text)
+
+
+def pretokenize_as(text: str, scheme: str) -> list[str]:
+    r"""Cut ``text`` with a published pre-tokenisation pattern: ``scheme`` is a key of :data:`PATTERNS`.
+
+    The patterns need the ``regex`` package (``\p{L}``, possessive and scoped-flag syntax). The pieces always
+    concatenate back to ``text``.
+
+    >>> pretokenize_as("He'LL pay 12345 for x.append", "gpt2")
+    ['He', "'", 'LL', ' pay', ' 12345', ' for', ' x', '.', 'append']
+    >>> pretokenize_as("He'LL pay 12345 for x.append", "cl100k")
+    ['He', "'LL", ' pay', ' ', '123', '45', ' for', ' x', '.append']
+    """
+    check_choice(scheme, "scheme", tuple(PATTERNS))
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return _compiled(scheme).findall(text)
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(scheme: str):
+    if scheme not in _COMPILED:
+        import regex  # the \p{..} classes and (?i:...) need it
+
+        _COMPILED[scheme] = regex.compile(PATTERNS[scheme])
+    return _COMPILED[scheme]
 
 
 def check_specials(special_tokens) -> tuple[str, ...]:

@@ -436,3 +436,33 @@ def test_load_rejects_another_pretokenisation_pattern(tmp_path, text):
     path.write_text(json.dumps(state))
     with pytest.raises(ValueError, match="pre-tokenisation pattern"):
         BPETokenizer.load(path)
+
+
+def test_special_token_policy_follows_tiktoken(text):
+    """``allowed_special`` / ``disallowed_special``: allowed -> one id, disallowed -> ValueError, neither -> plain text.
+
+    The oracle for "plain text" is a tokenizer with the same merges and *no* special tokens, and HuggingFace's
+    BPE model loaded with those merges (it knows no special token either); the allowed case is assembled by hand
+    from the pieces between the special tokens.
+    """
+    tok = train_bpe(text, 200, [EOT, "<|pad|>"])
+    plain = BPETokenizer(tok.merges)
+    hf = _hf_byte_level(*reversed(tok.to_huggingface()))
+    doc = "one<|pad|>two" + EOT + "three <|endoftext|"
+    with pytest.raises(ValueError, match="disallowed"):
+        tok.encode(doc, allowed_special=set())               # tiktoken's default: any special string raises
+    with pytest.raises(ValueError, match="<\\|pad\\|>"):
+        tok.encode(doc, allowed_special={EOT})                # <|pad|> is disallowed ("all" = all not allowed)
+    as_text = tok.encode(doc, allowed_special=set(), disallowed_special=())
+    assert as_text == plain.encode(doc) == hf.encode(doc).ids
+    mixed = tok.encode(doc, allowed_special={EOT}, disallowed_special=())
+    assert mixed == plain.encode("one<|pad|>two") + [tok.special_tokens[EOT]] + plain.encode("three <|endoftext|")
+    full = tok.encode(doc)                                    # the default: every special token allowed
+    assert full == (plain.encode("one") + [tok.special_tokens["<|pad|>"]] + plain.encode("two")
+                    + [tok.special_tokens[EOT]] + plain.encode("three <|endoftext|"))
+    with pytest.raises(ValueError, match="disallowed"):
+        tok.encode(doc, allowed_special={"<|pad|>"}, disallowed_special={EOT})
+    with pytest.raises(ValueError, match="not special tokens"):
+        tok.encode(doc, allowed_special={"<|bos|>"})
+    with pytest.raises(TypeError, match="allowed_special"):
+        tok.encode(doc, allowed_special=EOT)
