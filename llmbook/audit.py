@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import json
 import re
 import sys
@@ -54,20 +55,32 @@ MARK = "LLMBOOK-AUDIT "
 SECTION = re.compile(r"\(sec-(\d\d)-(\d\d)\)=")
 
 
-def scaled(value, factor: float = FACTOR, ints: bool = False):
+def scaled(value, factor: float = FACTOR, ints: bool = False, int_tensors: bool | None = None):
     """``value`` with every floating-point number multiplied by ``factor``; other values unchanged.
 
     With ``ints``, a Python or NumPy integer (not a bool) also moves, by ``max(1, round(|n| (factor - 1)))``,
-    so that a counting function (FLOPs, bytes, a capacity) is perturbed too; integer tensors (token ids,
-    indices) never are.
+    so that a counting function (FLOPs, bytes, a capacity) is perturbed too; and an integer or bool tensor
+    (token ids, indices, a mask) gets one wrong entry: its first element moves down by 1 (up from 0), or
+    flips, which keeps an id inside its vocabulary (``int_tensors=False`` leaves tensors alone; by default
+    it follows ``ints``).
 
     >>> scaled((torch.tensor([1.0, 2.0]), 3, 0.5), 2.0)
     (tensor([2., 4.]), 3, 1.0)
-    >>> scaled((3, True, 4000), 1.001, ints=True)
-    (4, True, 4004)
+    >>> scaled((3, True, 4000, torch.tensor([0, 5]), torch.tensor([True])), 1.001, ints=True)
+    (4, True, 4004, tensor([1, 5]), tensor([False]))
     """
     if ints and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return type(value)(value + max(1, round(abs(int(value)) * (factor - 1))))
+    int_tensors = ints if int_tensors is None else int_tensors
+    if int_tensors and isinstance(value, torch.Tensor) and value.numel() and not (value.is_floating_point()
+                                                                           or value.is_complex()):
+        out = value.clone()
+        flat = out.view(-1) if out.is_contiguous() else out.reshape(-1)
+        if out.dtype == torch.bool:
+            flat[0] = ~flat[0]
+        else:
+            flat[0] = flat[0] - 1 if flat[0] > 0 else flat[0] + 1
+        return out if out.is_contiguous() else flat.reshape(value.shape)
     if isinstance(value, torch.Tensor):
         return value * factor if value.is_floating_point() or value.is_complex() else value
     if isinstance(value, np.ndarray):
@@ -75,21 +88,21 @@ def scaled(value, factor: float = FACTOR, ints: bool = False):
     if isinstance(value, (float, np.floating)):
         return type(value)(value * factor)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(scaled(v, factor, ints) for v in value))
+        return type(value)(*(scaled(v, factor, ints, int_tensors) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(scaled(v, factor, ints) for v in value)
+        return type(value)(scaled(v, factor, ints, int_tensors) for v in value)
     if isinstance(value, dict):  # a subclass keeps its type and attributes (only its items are scaled)
         out = copy.copy(value) if type(value) is not dict else {}
-        out.update({k: scaled(v, factor, ints) for k, v in value.items()})
+        out.update({k: scaled(v, factor, ints, int_tensors) for k, v in value.items()})
         return out
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: scaled(getattr(value, f.name), factor, ints)
+        return dataclasses.replace(value, **{f.name: scaled(getattr(value, f.name), factor, ints, int_tensors)
                                              for f in dataclasses.fields(value) if f.init})
     return value
 
 
 @contextmanager
-def perturbed(obj, namespaces=(), factor: float = FACTOR, ints: bool = False):
+def perturbed(obj, namespaces=(), factor: float = FACTOR, ints: bool = False, int_tensors: bool | None = None):
     """Within the block, ``obj`` (a function, or an ``nn.Module`` class) returns :func:`scaled` outputs.
 
     A function is replaced wherever a module of ``llmbook`` (or a dict of ``namespaces``, such as a kernel's
@@ -103,7 +116,7 @@ def perturbed(obj, namespaces=(), factor: float = FACTOR, ints: bool = False):
 
         def forward(self, *args, **kwargs):
             stats["calls"] += 1
-            return scaled(base_forward(self, *args, **kwargs), factor, ints)
+            return scaled(base_forward(self, *args, **kwargs), factor, ints, int_tensors)
 
         obj.forward = forward
         try:
@@ -122,7 +135,7 @@ def perturbed(obj, namespaces=(), factor: float = FACTOR, ints: bool = False):
     @functools.wraps(obj)
     def wrapper(*args, **kwargs):
         stats["calls"] += 1
-        return scaled(obj(*args, **kwargs), factor, ints)
+        return scaled(obj(*args, **kwargs), factor, ints, int_tensors)
 
     places = [vars(m) for name, m in list(sys.modules.items()) if name.startswith("llmbook") and m is not None]
     places += list(namespaces)
@@ -147,6 +160,37 @@ INFRASTRUCTURE = ("llmbook.verify", "llmbook.audit", "llmbook._checks", "llmbook
                   "llmbook.data")
 
 
+def _library_methods() -> list[tuple[type, str]]:
+    """``(class, name)`` of every public plain method of the classes (not ``nn.Module``) of the library."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("llmbook") or name.startswith(INFRASTRUCTURE):
+            continue
+        for value in vars(module).values():
+            if (isinstance(value, type) and getattr(value, "__module__", None) == name
+                    and not issubclass(value, (nn.Module, BaseException))):
+                for key, attr in vars(value).items():
+                    if not key.startswith("_") and inspect.isfunction(attr):
+                        found[(id(value), key)] = (value, key)
+    return list(found.values())
+
+
+@contextmanager
+def _perturbed_method(cls: type, name: str, factor: float = FACTOR, ints: bool = True, int_tensors: bool = False):
+    """Within the block, ``cls.name`` returns :func:`scaled` outputs."""
+    original = vars(cls)[name]
+
+    @functools.wraps(original)
+    def method(*args, **kwargs):
+        return scaled(original(*args, **kwargs), factor, ints, int_tensors)
+
+    setattr(cls, name, method)
+    try:
+        yield
+    finally:
+        setattr(cls, name, original)
+
+
 def _library_objects() -> list:
     """Every public function and ``nn.Module`` class defined in a non-infrastructure module of ``llmbook``."""
     found = {}
@@ -165,7 +209,9 @@ def _library_objects() -> list:
 
 @contextmanager
 def perturbed_library(namespaces=(), factor: float = FACTOR):
-    """Within the block, every object of :func:`_library_objects` returns :func:`scaled` outputs (integers too).
+    """Within the block, every object of :func:`_library_objects` and every method of :func:`_library_methods`
+    returns :func:`scaled` outputs (floats and
+    integers; not integer tensors, whose one wrong entry would send ids out of range all through the library).
 
     A check that still passes then depends on no number the library computed: it compares the library with
     itself, or tests a property that a uniform scale keeps, or is looser than the scale. Yields a dict whose
@@ -176,8 +222,11 @@ def perturbed_library(namespaces=(), factor: float = FACTOR):
     with ExitStack() as stack:
         objects = _library_objects()
         for obj in objects:
-            stack.enter_context(perturbed(obj, namespaces=namespaces, factor=factor, ints=True))
-        yield {"objects": len(objects)}
+            stack.enter_context(perturbed(obj, namespaces=namespaces, factor=factor, ints=True, int_tensors=False))
+        methods = _library_methods()
+        for cls, name in methods:
+            stack.enter_context(_perturbed_method(cls, name, factor))
+        yield {"objects": len(objects) + len(methods)}
 
 
 _STATE: dict = {}
@@ -298,6 +347,8 @@ def audit_notebook(path: str | Path, timeout: int = 900) -> list[dict]:
                     lib, failed = section(code, f"_llmbook_audit.begin({eq_id!r}, globals(), library=True)",
                                           "_llmbook_audit.end()")
                     record["library"], record["library_errors"] = lib["checks"], len(failed)
+                    record["library_error_names"] = [f"cell {i}: {o.get('ename')}: {o.get('evalue', '')[:80]}"
+                                                     for i, o in failed]
                     plain(code, eq_id)
     return records
 
@@ -335,11 +386,15 @@ def report(results: dict[str, list[dict]]) -> str:
                     "perturbations) |")
         body.append("|---|---|---|---|---|---|")
         for r in records:
-            kept = _survivors(r)
+            ran = {what for what, _ in r.get("library") or []}
+            kept = [w if w in ran or not r.get("library_error_names") else f"{w} [not run in the library pass]"
+                    for w in _survivors(r)]
             note = r.get("skipped") or ""
             missing = len(r.get("unperturbed", r["checks"])) - len(r["checks"])
             if missing > 0:
                 note = (note + "; " if note else "") + f"{missing} not run under the perturbation"
+            if r.get("library_error_names") and any("[not run" in w for w in kept):
+                note = (note + "; " if note else "") + "library pass: " + ", ".join(r["library_error_names"])
             if r.get("rerun_error"):
                 note = (note + "; " if note else "") + f"the section fails when run a second time ({r['rerun_error']})"
             body.append(f"| {r['id']} | `{r['object'].split(':')[1]}` | {r['calls']} | "

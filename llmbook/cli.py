@@ -154,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     p_nb = sub.add_parser("notebooks", help="re-execute notebooks in place")
     p_nb.add_argument("paths", nargs="*", help="notebooks (default: every book/*.ipynb)")
     p_tr = sub.add_parser("train", help="train the book's models: the tiny GPT (default) or the assistant")
-    p_tr.add_argument("--recipe", default="tiny-gpt", choices=("tiny-gpt", "assistant"),
+    p_tr.add_argument("--recipe", default="tiny-gpt", choices=("tiny-gpt", "assistant", "pg-cartpole", "pendulum"),
                       help="tiny-gpt: the character model on the corpus (a few minutes on 2 CPU cores); assistant: "
-                           "tokenizer, pre-training, SFT, DPO and GRPO of the book's assistant (about 17 minutes)")
+                           "tokenizer, pre-training, SFT, DPO and GRPO of the book's assistant (about 17 minutes); "
+                           "pg-cartpole: PPO on CartPole-v1, 10 seeds (chapter 34); pendulum: DDPG, TD3 and SAC on "
+                           "Pendulum-v1, 10 seeds (chapter 34)")
     p_tr.add_argument("--out", help="output folder (default: the package data folder, llmbook/data)")
     p_tr.add_argument("--steps", type=int, help="tiny-gpt only: train for fewer steps (a quick trial)")
     p_co = sub.add_parser("corpus", help="rewrite the retrieval corpus of the book's prose from book/ (Part II)")
@@ -165,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     p_ask = sub.add_parser("ask", help="search the book's prose offline with Part II's retrieval pipeline")
     p_ask.add_argument("question", help="a question in plain words")
     p_ask.add_argument("-k", type=int, default=5, help="how many passages to print (default 5)")
-    p_ask.add_argument("--method", default="hybrid", choices=("hybrid", "bm25", "dense"),
-                       help="hybrid (BM25 + MiniLM, z-score fusion; default), bm25 or dense")
+    p_ask.add_argument("--method", default=None, choices=("hybrid", "bm25", "dense"),
+                       help="hybrid (BM25 + MiniLM, z-score fusion), bm25 or dense; default: the one with the best "
+                            "NDCG@10 on the dev questions (llmbook.rag.pipeline.DEFAULT_METHOD)")
     sub.add_parser("cpu", help="the numerical code paths of torch, MKL, OpenBLAS and NumPy on this machine")
     p_au = sub.add_parser("audit-checks", help="perturb each implementation by 1e-3 and list the checks of its "
                                                 "section that still pass")
@@ -198,12 +201,20 @@ def main(argv: list[str] | None = None) -> int:
 
         return bookpages.execute_notebooks(args.paths)
     if args.command == "train":
+        if args.recipe != "tiny-gpt" and args.steps is not None:
+            parser.error("--steps applies to the tiny-gpt recipe only")
         if args.recipe == "assistant":
-            if args.steps is not None:
-                parser.error("--steps applies to the tiny-gpt recipe only")
             from llmbook.lm import assistant_recipe
 
             return assistant_recipe.main(args.out)
+        if args.recipe == "pg-cartpole":
+            from llmbook.agents import ppo_control
+
+            return ppo_control.main(args.out)
+        if args.recipe == "pendulum":
+            from llmbook.agents import offpolicy_control
+
+            return offpolicy_control.main(args.out)
         from llmbook.lm import training
 
         return training.main(args.out, args.steps)
@@ -263,12 +274,16 @@ def snippet(text: str, question: str, width: int = 280) -> str:
     return ("..." if best else "") + piece
 
 
-def ask(question: str, k: int = 5, method: str = "hybrid") -> int:
-    """Print the book's best passages for ``question`` with their chapter, link, score and a snippet."""
+def ask(question: str, k: int = 5, method: str | None = None) -> int:
+    """Print the book's best passages for ``question`` with their chapter, link, score and a snippet.
+
+    ``method`` ``None`` is the dev winner, :data:`llmbook.rag.pipeline.DEFAULT_METHOD`."""
     import textwrap
 
     from llmbook.links import local_site, page_link
     from llmbook.rag import encoder, pipeline
+
+    method = pipeline.DEFAULT_METHOD if method is None else method
 
     if method != "bm25" and isinstance(question, str) and question.strip() and encoder.needs_model([question]):
         print("loading the MiniLM sentence encoder (all-MiniLM-L6-v2) to embed a new question: once per process, "

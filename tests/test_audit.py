@@ -74,5 +74,9 @@ def test_audit_tells_a_check_that_can_fail_from_one_that_cannot(tmp_path):
 def test_integers_move_only_when_asked():
     assert audit.scaled(7, 1.001) == 7 and audit.scaled(7, 1.001, ints=True) == 8
     assert audit.scaled(np.int64(10_000), 1.001, ints=True) == 10_010 and audit.scaled(False, 2.0, ints=True) is False
-    ids = torch.tensor([1, 2])
-    assert torch.equal(audit.scaled(ids, 1.001, ints=True), ids)
+    ids = torch.tensor([[1, 2], [3, 4]])
+    assert torch.equal(audit.scaled(ids, 1.001), ids)  # integer tensors move only with ints
+    assert audit.scaled(ids, 1.001, ints=True).tolist() == [[0, 2], [3, 4]] and ids[0, 0] == 1
+    assert audit.scaled(torch.tensor([0, 7]), 1.001, ints=True).tolist() == [1, 7]
+    assert audit.scaled(torch.tensor([True, True]), 1.001, ints=True).tolist() == [False, True]
+    assert audit.scaled(ids.t(), 1.001, ints=True).tolist() == [[0, 3], [2, 4]]  # not contiguous

@@ -80,6 +80,15 @@ class Query:
     text: str
     kind: str  # "plain", "paraphrase" (few words of the answer) or "exact" (a rare term or number)
     relevance: dict[str, int]
+    #: ``"dev"`` (settings may be chosen on it) or ``"test"`` (reported only); ``""`` for an ad-hoc query.
+    split: str = ""
+    #: Sections an assessor read and judged not relevant (grade 0); with ``relevance``, the judged sections.
+    nonrelevant: frozenset[str] = frozenset()
+
+    @property
+    def judged(self) -> frozenset[str]:
+        """Every section judged for this query, at any grade (0, 1 or 2)."""
+        return frozenset(self.relevance) | self.nonrelevant
 
 
 def anchor_slug(heading: str) -> str:
@@ -253,23 +262,31 @@ def load_corpus(path: str | Path | None = None) -> list[Passage]:
     return out
 
 
-def load_queries(path: str | Path | None = None) -> list[Query]:
-    """The labelled queries: TSV columns ``id, kind, query, relevant`` (``sec-03-01:2 sec-03-02:1``).
+def load_queries(path: str | Path | None = None, split: str | None = None) -> list[Query]:
+    """The labelled queries: TSV columns ``id, kind, split, query, relevant, nonrelevant``.
+
+    ``relevant`` lists ``section:grade`` with grade 1 or 2 (``sec-03-01:2 sec-03-02:1``), ``nonrelevant`` the
+    sections judged 0 (space-separated, may be empty). ``split`` (``"dev"`` or ``"test"``) keeps one half.
 
     >>> qs = load_queries()
     >>> all(g in (1, 2) for q in qs for g in q.relevance.values())
     True
+    >>> halves = [load_queries(split=s) for s in ("dev", "test")]
+    >>> {q.split for q in qs} == {"dev", "test"} and sum(map(len, halves)) == len(qs)
+    True
     """
+    if split not in (None, "dev", "test"):
+        raise ValueError(f"split must be None, 'dev' or 'test', got {split!r}")
     source = _data_path(QUERIES, path)
     out, seen = [], set()
     for n, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         cols = line.split("\t")
-        if len(cols) != 4:
-            raise ValueError(f"{source} line {n}: expected 4 tab-separated columns (id, kind, query, relevant), "
-                             f"got {len(cols)}")
-        qid, kind, text, rel = (c.strip() for c in cols)
+        if len(cols) != 6:
+            raise ValueError(f"{source} line {n}: expected 6 tab-separated columns (id, kind, split, query, "
+                             f"relevant, nonrelevant), got {len(cols)}")
+        qid, kind, part, text, rel, nonrel = (c.strip() for c in cols)
         if qid == "id":
             continue  # the header row
         relevance = {}
@@ -278,11 +295,18 @@ def load_queries(path: str | Path | None = None) -> list[Query]:
             if not section or grade not in ("1", "2"):
                 raise ValueError(f"{source} line {n}: judgement {item!r} is not 'section:grade' with grade 1 or 2")
             relevance[section] = int(grade)
+        zero = frozenset(nonrel.split())
         if qid in seen or kind not in ("plain", "paraphrase", "exact") or 2 not in relevance.values():
             raise ValueError(f"{source} line {n}: query {qid!r} needs a new id, a kind in plain/paraphrase/exact "
                              "and at least one section of grade 2")
+        if part not in ("dev", "test"):
+            raise ValueError(f"{source} line {n}: split must be 'dev' or 'test', got {part!r}")
+        if zero & set(relevance):
+            both = sorted(zero & set(relevance))
+            raise ValueError(f"{source} line {n}: sections judged both relevant and not: {both}")
         seen.add(qid)
-        out.append(Query(qid, text, kind, relevance))
+        if split is None or part == split:
+            out.append(Query(qid, text, kind, relevance, part, zero))
     return out
 
 

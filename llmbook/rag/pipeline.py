@@ -19,12 +19,15 @@ from llmbook.rag import chunking, encoder, fusion, metrics, sparse
 from llmbook.rag.corpus import Passage, Query, load_corpus, load_queries, passage_text, qrels
 from llmbook.rag.sparse import analyze
 
-#: The retrievers :func:`search` offers; ``"hybrid"`` is the part's pipeline (see :func:`hybrid_scores`).
+#: The retrievers :func:`search` offers (:func:`method_scores`); ``"hybrid"`` is the part's pipeline.
 METHODS = ("hybrid", "bm25", "dense")
+#: What ``python -m llmbook ask`` uses: the method with the best NDCG@10 on the dev queries
+#: (:func:`llmbook.rag.collection.dev_winner`; ``tests/rag/test_collection.py`` keeps them equal).
+DEFAULT_METHOD = "hybrid"
 
-__all__ = ["CHUNK_STRIDE", "CHUNK_WORDS", "METHODS", "METRICS", "BookData", "Hit", "book_data", "cache_texts",
-           "chunk_texts", "dense_chunk_scores", "dense_scores", "evaluate_scores", "hybrid_scores", "labels_matrix",
-           "metrics_table", "search", "section_level", "sparse_scores"]
+__all__ = ["CHUNK_STRIDE", "CHUNK_WORDS", "DEFAULT_METHOD", "METHODS", "METRICS", "BookData", "Hit", "book_data",
+           "cache_texts", "chunk_texts", "dense_chunk_scores", "dense_scores", "evaluate_scores", "hybrid_scores",
+           "labels_matrix", "method_scores", "metrics_table", "search", "section_level", "sparse_scores", "split_rows"]
 
 #: Window length and stride (in words) of the chunks the dense index also embeds (chapter 27's fixed-size
 #: chunking): about 200 MiniLM word pieces with the heading, inside the model's 256-token window.
@@ -123,23 +126,45 @@ def dense_chunk_scores(data: BookData | None = None) -> Tensor:
     return chunking.chunk_scores_to_passages(s, [list(o) for o in data.chunk_owners], len(data.passages))
 
 
-def evaluate_scores(scores: Tensor, labels: Tensor | None = None, metrics_: tuple[str, ...] = METRICS) -> dict:
+def split_rows(split: str, queries=None) -> Tensor:
+    """Row indices (``int64``) of the book's queries in ``split`` (``"dev"`` or ``"test"``), in query order.
+
+    >>> from llmbook.rag.corpus import load_queries
+    >>> len(split_rows("dev")) + len(split_rows("test")) == len(load_queries())
+    True
+    """
+    if split not in ("dev", "test"):
+        raise ValueError(f"split must be 'dev' or 'test', got {split!r}")
+    queries = book_data().queries if queries is None else queries
+    return torch.tensor([i for i, q in enumerate(queries) if q.split == split], dtype=torch.long)
+
+
+def evaluate_scores(scores: Tensor, labels: Tensor | None = None, metrics_: tuple[str, ...] = METRICS,
+                    split: str | None = None) -> dict:
     """The chapter 26 metrics of a ``(B, N)`` score matrix against the book's labels, averaged over queries.
 
-    A score of ``-inf`` means *not retrieved* (chapter 26's convention).
+    A score of ``-inf`` means *not retrieved* (chapter 26's convention). With ``split`` (``"dev"`` or
+    ``"test"``), only that half of the book's queries counts: the rows are the book's queries, in order.
     """
     labels = book_data().labels if labels is None else labels
     if scores.shape != labels.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and labels {tuple(labels.shape)} must have the same (B, N)")
+    if split is not None:
+        if scores.shape[0] != len(book_data().queries):
+            raise ValueError(f"split={split!r} needs one row per book query ({len(book_data().queries)}), "
+                             f"got {scores.shape[0]}")
+        rows = split_rows(split)
+        scores, labels = scores[rows], labels[rows]
     return metrics.evaluate(scores, labels, metrics=metrics_)
 
 
-def metrics_table(runs: dict[str, Tensor], labels: Tensor | None = None, metrics_: tuple[str, ...] = METRICS) -> str:
+def metrics_table(runs: dict[str, Tensor], labels: Tensor | None = None, metrics_: tuple[str, ...] = METRICS,
+                  split: str | None = None) -> str:
     """A fixed-width table of :func:`evaluate_scores` for several named score matrices (3 decimals)."""
     width = max(12, *(len(n) for n in runs))
     lines = [f"{'run':<{width}} " + " ".join(f"{m:>9}" for m in metrics_)]
     for name, s in runs.items():
-        r = evaluate_scores(s, labels, metrics_)
+        r = evaluate_scores(s, labels, metrics_, split)
         lines.append(f"{name:<{width}} " + " ".join(f"{r[m]:>9.3f}" for m in metrics_))
     return "\n".join(lines)
 
@@ -190,9 +215,10 @@ def hybrid_scores(data: BookData | None = None) -> Tensor:
     Chapter 23's :func:`llmbook.rag.fusion.normalized_fusion` with equal weights over three runs:
     :func:`sparse_scores`, :func:`dense_scores` and :func:`dense_chunk_scores` (chapter 27's windows, so the
     dense side sees the ends of long passages). No parameter in it is fitted to the book's labelled queries
-    (BM25 keeps Lucene's defaults, the runs weigh the same). Two choices were made after looking at the same
-    56 questions, and are within their noise: z-score rather than reciprocal rank fusion (chapter 23), and
-    adding the chunk run (chapter 27), which raises recall slightly and leaves NDCG@10 where it was.
+    (BM25 keeps Lucene's defaults, the runs weigh the same). Two choices were made after looking at the first
+    56 questions, before the dev/test split existed (:mod:`llmbook.rag.collection`), and are within their
+    noise: z-score rather than reciprocal rank fusion (chapter 23), and adding the chunk run (chapter 27).
+    Questions q57-q100 were written after both choices, so on them the choices are untuned.
     """
     data = book_data() if data is None else data
     return fusion.normalized_fusion([sparse_scores(data), dense_scores(data), dense_chunk_scores(data)])
@@ -210,12 +236,23 @@ class Hit:
     passage: Passage
 
 
-def search(question: str, k: int = 5, method: str = "hybrid") -> list[Hit]:
+def method_scores(method: str, data: BookData | None = None) -> Tensor:
+    """The ``(B, N)`` scores of one of :data:`METHODS`: ``"dense"`` is the better of a passage's whole and chunk
+    cosines, ``"hybrid"`` :func:`hybrid_scores`, ``"bm25"`` :func:`sparse_scores`."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    data = book_data() if data is None else data
+    if method == "dense":
+        return torch.maximum(dense_scores(data), dense_chunk_scores(data))
+    return hybrid_scores(data) if method == "hybrid" else sparse_scores(data)
+
+
+def search(question: str, k: int = 5, method: str = DEFAULT_METHOD) -> list[Hit]:
     """The ``k`` best passages of the book for ``question`` (``python -m llmbook ask``).
 
-    ``method`` is one of :data:`METHODS`. Dense and hybrid search embed the question with MiniLM: free for the
-    labelled queries (cached), about 5 s more for a new question (the model loads once per process; it needs
-    ``llmbook[rag]``).
+    ``method`` is one of :data:`METHODS` (by default :data:`DEFAULT_METHOD`, the dev winner). Dense and hybrid
+    search embed the question with MiniLM: free for the labelled queries (cached), about 5 s more for a new
+    question (the model loads once per process; it needs ``llmbook[rag]``).
 
     >>> [h.passage.chapter for h in search("why subtract the maximum logit before exponentiating in softmax?", k=1)]
     [1]
@@ -232,8 +269,7 @@ def search(question: str, k: int = 5, method: str = "hybrid") -> list[Hit]:
                    data.doc_terms, (tuple(analyze(question)),), data.doc_emb,
                    encoder.encode([question]) if method != "bm25" else data.query_emb[:0],
                    data.chunk_emb, data.chunk_owners)
-    dense_both = lambda d: torch.maximum(dense_scores(d), dense_chunk_scores(d))  # noqa: E731
-    scores = {"bm25": sparse_scores, "dense": dense_both, "hybrid": hybrid_scores}[method](one)[0]
+    scores = method_scores(method, one)[0]
     top = torch.topk(scores, k)
     pairs = zip(top.values.tolist(), top.indices.tolist(), strict=True)
     return [Hit(r + 1, v, data.passages[j]) for r, (v, j) in enumerate(pairs) if v > float("-inf")]
