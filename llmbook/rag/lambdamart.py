@@ -9,7 +9,9 @@ LambdaMART {Burges 2010} fits gradient-boosted regression trees to LambdaRank's 
 (:func:`llmbook.rag.ranking.lambdarank_lambdas`), and the next tree :math:`f_m` is fitted to them, so the
 score is :math:`s(x) = \sum_m \eta f_m(x)`. The trees are LightGBM's (``objective="lambdarank"``); this
 module is the glue between the book's ``(B, N, d)`` padded lists and LightGBM's flat rows plus *group
-sizes* (the number of rows of each query, in order), and the two-fold held-out protocol of chapter 25.
+sizes* (the number of rows of each query, in order): chapter 25 trains on the dev questions and scores the test
+questions (:func:`lambdamart_fit_predict`); :func:`lambdamart_cross_fit` is the k-fold protocol for a collection
+without a split.
 
 Everything is deterministic: ``seed``, ``deterministic=True``, ``num_threads=1`` and ``force_row_wise=True``
 are always passed, so two runs give identical scores. LightGBM is imported when a model is trained.
@@ -108,7 +110,7 @@ def lambdamart_fit_predict(H_train, y_train, mask_train, H_test, mask_test, *, n
 def lambdamart_cross_fit(H, y, mask, fold, *, n_trees: int = 100, **params) -> torch.Tensor:
     """Held-out LambdaMART scores: each fold's lists scored by a model trained on all the other folds.
 
-    ``fold`` ``(B,)`` integer fold of each list (chapter 25 uses ``arange(B) % 2``, two folds). Returns
+    ``fold`` ``(B,)`` integer fold of each list (e.g. ``arange(B) % 2`` for two folds). Returns
     ``(B, N)`` float64, ``-inf`` on padding; every score comes from a model that never saw its list.
 
     >>> g = torch.Generator().manual_seed(0)
