@@ -223,9 +223,11 @@ def test_hyde_on_the_book_cache(monkeypatch):
 
     d = pipeline.book_data()
     docs = load_hypothetical_documents()
-    assert len(docs) == len(d.queries) == 56 and set(docs) == {q.id for q in d.queries}
+    # one hypothetical document for each question about Part I (q01-q56); the later questions have none
+    part_one = [q.id for q in d.queries if int(q.id[1:]) <= 56]
+    assert len(docs) == len(part_one) == 56 and set(docs) == set(part_one)
     monkeypatch.setattr(encoder, "_run_model", lambda texts: pytest.fail(f"{len(texts)} texts are not cached"))
-    h = encoder.encode([docs[q.id] for q in d.queries]).double()
+    h = encoder.encode([docs[i] for i in part_one]).double()
     r = hyde(h, d.doc_emb.double())
     G = d.doc_emb.double().numpy()
     Hn = h.numpy() / np.linalg.norm(h.numpy(), axis=1, keepdims=True)
