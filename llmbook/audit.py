@@ -9,17 +9,20 @@ next section) with the checks recording their verdicts instead of raising. Then 
 unperturbed, so that the rest of the notebook sees the state it expects.
 
 An integer a registered implementation returns (a FLOP or byte count, a capacity) moves by
-:math:`\max(1, \mathrm{round}(10^{-3}|n|))`; integer tensors (token ids, indices) are left alone.
+:math:`\max(1, \mathrm{round}(10^{-3}|n|))`; a sequence of ids or a mask (an integer or bool tensor, a list of
+ints) gets one wrong entry, and a list of pieces (strings) two swapped (:func:`scaled`).
 
 A check that passes under its own section's perturbation may test another object of the library (a
 neighbour, a helper that is not registered). So each section with such a check is run once more with
-*every* public function and ``nn.Module`` class of the library perturbed at once (:func:`perturbed_library`;
+*every* public function, method and ``nn.Module`` class of the library perturbed at once (:func:`perturbed_library`;
 the checks, validation, plotting and the book's machinery excepted). For each equation the report gives how
 often the perturbed object was called in its section, and every check of the section with its verdict:
 
 * **caught**: the check failed under the perturbation of its section's implementation, as it should;
 * **caught by the library pass**: it failed only when the whole library was perturbed, so it tests another
   library object, and a wrong one would break it;
+* **raised**: the library pass stopped the section with an error before the check ran (the notebook fails,
+  but not through this check);
 * **survived**: the check passed both times, so no number the library computes can make it fail: it
   compares the library with itself, or tests a property that a scale of :math:`1 + 10^{-3}` keeps (an
   argmax, a ratio, an order), or its tolerance is looser than :math:`10^{-3}` relative.
@@ -68,6 +71,12 @@ def scaled(value, factor: float = FACTOR, ints: bool = False, int_tensors: bool 
     (tensor([2., 4.]), 3, 1.0)
     >>> scaled((3, True, 4000, torch.tensor([0, 5]), torch.tensor([True])), 1.001, ints=True)
     (4, True, 4004, tensor([1, 5]), tensor([False]))
+
+    A plain list or tuple of ids gets the same one wrong entry, and a list of strings (a tokenizer's pieces)
+    has its first two swapped, so that every lookup still works:
+
+    >>> scaled(([7, 8, 9], ["un", "##able"]), 1.001, ints=True)
+    ([6, 8, 9], ['##able', 'un'])
     """
     if ints and isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return type(value)(value + max(1, round(abs(int(value)) * (factor - 1))))
@@ -87,6 +96,14 @@ def scaled(value, factor: float = FACTOR, ints: bool = False, int_tensors: bool 
         return value * factor if np.issubdtype(value.dtype, np.inexact) else value
     if isinstance(value, (float, np.floating)):
         return type(value)(value * factor)
+    if ints and type(value) in (list, tuple) and len(value) >= 2 and all(isinstance(v, str) for v in value):
+        if value[0] != value[1]:  # a sequence of pieces: the first two swap places
+            return type(value)([value[1], value[0], *value[2:]])
+        return value
+    if ints and type(value) in (list, tuple) and value and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in value):
+        first = int(value[0])  # a sequence of ids: one wrong entry, as for an integer tensor
+        return type(value)([type(value[0])(first - 1 if first > 0 else first + 1), *value[1:]])
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
         return type(value)(*(scaled(v, factor, ints, int_tensors) for v in value))
     if isinstance(value, (tuple, list)):
@@ -278,16 +295,32 @@ def watched() -> None:
 
 
 def _survivors(record: dict) -> list[str]:
-    """Checks of ``record`` that passed under its own perturbation and under the library-wide one (or did
-    not run there)."""
+    """Checks of ``record`` that passed under its own perturbation and again under the library-wide one."""
+    return _split_passed(record)[0]
+
+
+def _raised(record: dict) -> list[str]:
+    """Checks that passed under their own perturbation and did not run under the library-wide one, because a cell
+    of the section raised first (the notebook fails: the perturbation is noticed, but not by this check)."""
+    return _split_passed(record)[1]
+
+
+def _split_passed(record: dict) -> tuple[list[str], list[str]]:
     library: dict[str, list[bool]] = {}
     for what, ok in record.get("library") or []:
         library.setdefault(what, []).append(ok)
-    out = []
+    survived, raised = [], []
     for what, ok in record["checks"]:
-        if ok and (not library.get(what) or library[what].pop(0)):
-            out.append(what)
-    return out
+        if not ok:
+            continue
+        if library.get(what):
+            if library[what].pop(0):
+                survived.append(what)
+        elif record.get("library") is None or not record.get("library_errors"):
+            survived.append(what)  # no library pass ran, or it ran cleanly without this check
+        else:
+            raised.append(what)
+    return survived, raised
 
 
 def audit_notebook(path: str | Path, timeout: int = 900) -> list[dict]:
@@ -360,52 +393,54 @@ def report(results: dict[str, list[dict]]) -> str:
              "A printed ✓ is evidence only if a wrong implementation would break it, so the audit breaks each "
              "implementation on purpose and counts the ✓ that still appear. Chapters that are not listed below "
              "were not audited in this run.", "",
-             f"Each registered implementation's outputs were multiplied by {FACTOR:g} (integers moved by at least 1) "
-             "and its section re-run (`python -m llmbook audit-checks`, `llmbook/audit.py`). *Caught*: checks of "
-             "the section that failed, as they should. A check that passed was run once more with every function "
-             "and module of the library perturbed at once: *caught by the library pass* means it tests another "
-             "library object than the section's own, and does fail when that is wrong. *Survived*: it passed both "
-             "times, so no number the library computes can make it fail. *Not run*: checks of the unperturbed "
-             "section that did not run under the perturbation (a cell raised first).", ""]
-    totals = {"caught": 0, "library": 0, "survived": 0, "sections": 0, "not run": 0}
+             f"Each registered implementation's outputs were multiplied by {FACTOR:g} (integers moved by at least 1; "
+             "an id sequence or a mask given one wrong entry; a list of pieces given two swapped) and its section "
+             "re-run (`python -m llmbook audit-checks`, `llmbook/audit.py`). *Caught*: checks of the section that "
+             "failed, as they should. A check that passed was run once more with every function, method and module "
+             "of the library perturbed at once: *caught by the library pass* means it tests another library object "
+             "than the section's own, and does fail when that is wrong. *Raised*: the library pass stopped the "
+             "section with an error before the check ran, so the notebook fails, but this check is not what "
+             "noticed. *Survived*: it passed both times, so no number the library computes can make it fail. "
+             "*Not run*: checks of the unperturbed section that did not run under the section's own perturbation.",
+             ""]
+    keys = ("caught", "library", "raised", "survived", "sections", "not run")
+    totals = dict.fromkeys(keys, 0)
     body = []
     for nb, records in results.items():
-        caught = sum(not ok for r in records for _, ok in r["checks"])
-        survived = sum(len(_survivors(r)) for r in records)
-        passed = sum(ok for r in records for _, ok in r["checks"])
-        not_run = sum(max(0, len(r.get("unperturbed", r["checks"])) - len(r["checks"])) for r in records)
-        totals["caught"] += caught
-        totals["library"] += passed - survived
-        totals["survived"] += survived
-        totals["sections"] += len(records)
-        totals["not run"] += not_run
-        body.append(f"## {nb}: {len(records)} sections, {caught} checks caught, {passed - survived} caught by the "
-                    f"library pass, {survived} survived, {not_run} not run")
-        body.append("")
-        body.append("| eq | object | calls | caught | caught by the library pass | survived (✓ under both "
-                    "perturbations) |")
-        body.append("|---|---|---|---|---|---|")
+        n = dict.fromkeys(keys, 0)
+        rows = []
         for r in records:
-            ran = {what for what, _ in r.get("library") or []}
-            kept = [w if w in ran or not r.get("library_error_names") else f"{w} [not run in the library pass]"
-                    for w in _survivors(r)]
-            note = r.get("skipped") or ""
-            missing = len(r.get("unperturbed", r["checks"])) - len(r["checks"])
-            if missing > 0:
-                note = (note + "; " if note else "") + f"{missing} not run under the perturbation"
-            if r.get("library_error_names") and any("[not run" in w for w in kept):
-                note = (note + "; " if note else "") + "library pass: " + ", ".join(r["library_error_names"])
+            kept, raised = _survivors(r), _raised(r)
+            caught = sum(not ok for _, ok in r["checks"])
+            library = sum(ok for _, ok in r["checks"]) - len(kept) - len(raised)
+            missing = max(0, len(r.get("unperturbed", r["checks"])) - len(r["checks"]))
+            n["caught"] += caught
+            n["library"] += library
+            n["raised"] += len(raised)
+            n["survived"] += len(kept)
+            n["not run"] += missing
+            n["sections"] += 1
+            notes = [r["skipped"]] if r.get("skipped") else []
+            if missing:
+                notes.append(f"{missing} not run under the perturbation")
+            if raised:
+                notes.append("raised in the library pass: " + ", ".join(r["library_error_names"]) + " (checks: "
+                             + "; ".join(raised) + ")")
             if r.get("rerun_error"):
-                note = (note + "; " if note else "") + f"the section fails when run a second time ({r['rerun_error']})"
-            body.append(f"| {r['id']} | `{r['object'].split(':')[1]}` | {r['calls']} | "
-                        f"{sum(not ok for _, ok in r['checks'])} | "
-                        f"{sum(ok for _, ok in r['checks']) - len(kept)} | "
-                        + ("; ".join(w.replace("|", "/") for w in kept) or "none") + (f" ({note})" if note else "")
-                        + " |")
-        body.append("")
+                notes.append(f"the section fails when run a second time ({r['rerun_error']})")
+            rows.append(f"| {r['id']} | `{r['object'].split(':')[1]}` | {r['calls']} | {caught} | {library} | "
+                        f"{len(raised)} | " + ("; ".join(kept) or "none").replace("|", "/")
+                        + (f" ({'; '.join(notes)})".replace("|", "/") if notes else "") + " |")
+        for k in keys:
+            totals[k] += n[k]
+        body += [f"## {nb}: {n['sections']} sections, {n['caught']} checks caught, {n['library']} caught by the "
+                 f"library pass, {n['raised']} raised, {n['survived']} survived, {n['not run']} not run", "",
+                 "| eq | object | calls | caught | caught by the library pass | raised | survived (✓ under both "
+                 "perturbations) |", "|---|---|---|---|---|---|---|", *rows, ""]
     lines.append(f"**Total**: {totals['sections']} sections audited; {totals['caught']} checks caught the "
                  f"perturbation of their section's implementation, {totals['library']} more were caught by the "
-                 f"library-wide pass, {totals['survived']} survived both; {totals['not run']} did not run under the "
+                 f"library-wide pass, {totals['raised']} were stopped by an error the library pass raised, "
+                 f"{totals['survived']} survived both; {totals['not run']} did not run under the section's own "
                  "perturbation.")
     lines.append("")
     return "\n".join(lines + body)

@@ -67,7 +67,11 @@ def test_audit_tells_a_check_that_can_fail_from_one_that_cannot(tmp_path):
                                      ["matches a neighbour", True]]
     text = audit.report({"01-toy": [record]})
     assert "1 checks caught the perturbation of their section's implementation, 1 more were caught by the " \
-           "library-wide pass, 1 survived both" in text
+           "library-wide pass, 0 were stopped by an error the library pass raised, 1 survived both" in text
+    # a check that did not run because the library pass raised is counted apart from the survivors
+    raised = dict(record, library=[["matches torch.softmax", False]], library_errors=1,
+                  library_error_names=["cell 2: ValueError: x"])
+    assert audit._survivors(raised) == [] and audit._raised(raised) == ["matches itself", "matches a neighbour"]
     assert "matches itself" in text and "matches a neighbour" not in text
 
 
