@@ -70,7 +70,7 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     11: ("book/11-peft.ipynb", ("llmbook.lm.lora", "llmbook.lm.adalora", "llmbook.lm.adapters")),
     12: ("book/12-quantization.ipynb", ("llmbook.lm.quantization", "llmbook.lm.nf4", "llmbook.lm.gptq",
                                         "llmbook.lm.quant_formats")),
-    13: ("book/13-scaling-laws.ipynb", ("llmbook.lm.scaling",)),
+    13: ("book/13-scaling-laws.ipynb", ("llmbook.lm.scaling", "llmbook.lm.isoflop")),
     14: ("book/14-moe.ipynb", ("llmbook.lm.moe", "llmbook.lm.moe_layer", "llmbook.kernels.moe",
                                "llmbook.kernels.moe_kernels")),
     15: ("book/15-tokenization.ipynb", ("llmbook.lm.pretokenization", "llmbook.lm.pretoken_counts", "llmbook.lm.bpe",
