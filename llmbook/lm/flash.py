@@ -130,40 +130,49 @@ def tiled_attention_forward(
     tiles entirely above the diagonal are skipped and only diagonal tiles are masked. ``T`` need not
     be a multiple of the block sizes. Returns ``(o, lse)``.
 
+    For speed on a CPU the heads form one batch axis (one batched matmul per tile), the tile of scores
+    is turned into the tile of weights in place, and :math:`e^{m_i - m_i^{new}} \tilde o_i + P V_j` is
+    one ``baddbmm_``; the arithmetic is the same as above up to float rounding.
+
     >>> q = k = v = torch.eye(3).unsqueeze(0)
     >>> o, lse = tiled_attention_forward(q, k, v, causal=True, block_q=2, block_k=2)
     >>> torch.allclose(o, naive_attention(q, k, v, causal=True)[0])
     True
     """
     q4, k4, v4, squeeze, scale, acc = _prepare(q, k, v, scale, block_q, block_k)
-    B, H, T_q, _ = q4.shape
+    B, H, T_q, D = q4.shape
     T_k, D_v = k4.shape[2], v4.shape[-1]
     off = T_k - T_q  # query i sits at key position i + off
-    o = q4.new_empty(B, H, T_q, D_v)
+    no_key_rows = causal and off < 0  # only then can a row have seen no key yet (running max -inf)
     dev = q4.device
-    lse = torch.empty(B, H, T_q, dtype=acc, device=dev)
+    # heads are independent: one batch axis of B * H; K^T once, so that each tile is one batched matmul
+    q3, v3 = q4.reshape(B * H, T_q, D), v4.reshape(B * H, T_k, D_v).to(acc)
+    k3_t = k4.reshape(B * H, T_k, D).to(acc).transpose(-1, -2)
+    o = q4.new_empty(B * H, T_q, D_v)
+    lse = torch.empty(B * H, T_q, dtype=acc, device=dev)
     for qs in range(0, T_q, block_q):
         qe = min(qs + block_q, T_q)
-        q_i = q4[:, :, qs:qe].to(acc) * scale
-        m_i = torch.full((B, H, qe - qs), NEG_INF, dtype=acc, device=dev)
-        l_i = torch.zeros(B, H, qe - qs, dtype=acc, device=dev)
-        o_i = torch.zeros(B, H, qe - qs, D_v, dtype=acc, device=dev)
+        q_i = q3[:, qs:qe].to(acc) * scale
+        m_i = torch.full((B * H, qe - qs, 1), NEG_INF, dtype=acc, device=dev)
+        l_i = torch.zeros(B * H, qe - qs, 1, dtype=acc, device=dev)
+        o_i = torch.zeros(B * H, qe - qs, D_v, dtype=acc, device=dev)
         k_end = min(T_k, qe + off) if causal else T_k  # the tile's last query sees keys < qe + off
         for ks in range(0, max(k_end, 0), block_k):
             ke = min(ks + block_k, k_end)
-            s = q_i @ k4[:, :, ks:ke].to(acc).transpose(-1, -2)
+            s = q_i @ k3_t[:, :, ks:ke]
             if causal and ke - 1 > qs + off:  # the tile crosses the diagonal
                 rows = torch.arange(qs, qe, device=dev).unsqueeze(-1) + off
-                s = s.masked_fill(torch.arange(ks, ke, device=dev) > rows, NEG_INF)
-            m_new = torch.maximum(m_i, s.amax(-1))
-            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
-            p = (s - m_safe.unsqueeze(-1)).exp()
-            alpha = (m_i - m_safe).exp()  # rescales what was accumulated under the old maximum
-            l_i = alpha * l_i + p.sum(-1)
-            o_i = alpha.unsqueeze(-1) * o_i + p @ v4[:, :, ks:ke].to(acc)
+                s.masked_fill_(torch.arange(ks, ke, device=dev) > rows, NEG_INF)
+            m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))
+            m_safe = m_new.nan_to_num(neginf=0.0) if no_key_rows else m_new  # exp(-inf - 0) = 0
+            p = s.sub_(m_safe).exp_()  # in place: the tile of scores becomes the tile of weights
+            alpha = (m_i - m_safe).exp_()  # rescales what was accumulated under the old maximum
+            l_i.mul_(alpha).add_(p.sum(-1, keepdim=True))
+            o_i.mul_(alpha).baddbmm_(p, v3[:, ks:ke])
             m_i = m_new
-        lse[:, :, qs:qe] = m_i + l_i.log()  # -inf for a row that saw no key
-        o[:, :, qs:qe] = (o_i / torch.where(l_i > 0, l_i, torch.ones_like(l_i)).unsqueeze(-1)).to(o.dtype)
+        lse[:, qs:qe] = (m_i + l_i.log()).squeeze(-1)  # -inf for a row that saw no key
+        o[:, qs:qe] = o_i.div_(torch.where(l_i > 0, l_i, 1.0)).to(o.dtype)
+    o, lse = o.reshape(B, H, T_q, D_v), lse.reshape(B, H, T_q)
     return (o.squeeze(1), lse.squeeze(1)) if squeeze else (o, lse)
 
 
