@@ -190,14 +190,19 @@ def test_no_query_is_quoted_by_the_corpus(queries, passages):
         return {tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)}
 
     texts = [_words(f"{p.heading} {p.text}") for p in passages]
+    by_n: dict[int, dict[tuple, set]] = {}  # n -> {n-gram: passages holding it}, built once per n
     quoted = []
     for q in queries:
         w = _words(q.text)
         n = 6 if len(w) >= 6 else (len(w) if q.kind != "exact" else None)
         if n is None:
             continue
-        g = grams(w, n)
-        quoted += [(q.id, p.id) for p, t in zip(passages, texts, strict=True) if g & grams(t, n)]
+        if n not in by_n:
+            by_n[n] = {}
+            for p, t in zip(passages, texts, strict=True):
+                for g in grams(t, n):
+                    by_n[n].setdefault(g, set()).add(p.id)
+        quoted += [(q.id, pid) for g in grams(w, n) for pid in sorted(by_n[n].get(g, ()))]
     assert not quoted, f"queries quoted by passages: {quoted}"
     # the check finds a quotation when there is one
     fake = C.Query("x", " ".join(texts[5][3:10]), "plain", {})

@@ -208,4 +208,4 @@ def test_try_it_numbers():
     assert_states(NB, stated)
     # the prose counts of the labelled set
     assert int(mask.sum()) == 25
-    assert_states(NB, ["same 25 claims"], section="all")
+    assert_states(NB, ["all 25 claims"], section="all")
