@@ -169,8 +169,8 @@ def perturbed(obj, namespaces=(), factor: float = FACTOR, ints: bool = False, in
             ns[key] = obj
 
 
-#: Modules the library-wide pass leaves alone: the checks themselves, input validation, plotting, the
-#: book's machinery and widgets (which display, and compute nothing a check tests).
+#: Modules the library-wide pass leaves alone (the checks themselves, input validation, plotting, the
+#: book's machinery and widgets, which display and compute nothing a check tests).
 INFRASTRUCTURE = ("llmbook.verify", "llmbook.audit", "llmbook._checks", "llmbook.plotting", "llmbook.registry",
                   "llmbook.coverage", "llmbook.chapters", "llmbook.cli", "llmbook.bookpages", "llmbook.links",
                   "llmbook.freshness", "llmbook.cpu", "llmbook._precision", "llmbook.widgets", "llmbook.__main__",

@@ -32,15 +32,15 @@ try:
 except ImportError:  # pragma: no cover - regex ships with transformers
     PRETOKEN = re.compile(_FALLBACK_PATTERN)
 
-#: GPT-4's pattern (tiktoken's ``cl100k_base``): contractions in any case (``(?i:...)``), a word may start with one
-#: non-letter (``[^\r\n\p{L}\p{N}]?\p{L}+``, so ``_name`` or ``.append`` stay whole), numbers in groups of
-#: at most three digits (``\p{N}{1,3}``), punctuation keeps its trailing newlines, newlines gather into their own
-#: pre-tokens (``\s*[\r\n]+``).
+#: GPT-4's pattern (tiktoken's ``cl100k_base``), with contractions in any case (a case-insensitive group),
+#: a word may start with one non-letter (``[^\r\n\p{L}\p{N}]?\p{L}+``, so ``_name`` or ``.append`` stay whole),
+#: numbers in groups of at most three digits (``\p{N}{1,3}``), punctuation keeps its trailing newlines,
+#: newlines gather into their own pre-tokens (``\s*[\r\n]+``).
 CL100K_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                   r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 #: Llama 3's pattern (``pat_str`` of Meta's ``llama3/tokenizer.py``) is cl100k's, character for character.
 LLAMA3_PATTERN = CL100K_PATTERN
-#: GPT-4o's pattern (tiktoken's ``o200k_base``): a word is an optional run of capitals then lower-case letters
+#: GPT-4o's pattern (tiktoken's ``o200k_base``), where a word is an optional run of capitals then lower-case letters
 #: (``camelCase`` is ``camel`` + ``Case``), contractions stay attached to their word, ``/`` joins punctuation.
 O200K_PATTERN = "|".join([
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",

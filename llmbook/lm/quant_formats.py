@@ -82,7 +82,7 @@ def group_dequantize(q: Tensor, s: Tensor, z: Tensor, group_size: int = 128) -> 
 
 # --------------------------------------------------------------------------- FP8
 
-#: ``(exponent bits, mantissa bits, exponent bias, largest finite value)`` of the OCP FP8 formats: E4M3 has no
+#: ``(exponent bits, mantissa bits, exponent bias, largest finite value)`` of the OCP FP8 formats. E4M3 has no
 #: infinities and one NaN pattern, which frees the top binade up to 448; E5M2 is IEEE-like (max 57344).
 FP8_FORMATS = {"e4m3": (4, 3, 7, 448.0), "e5m2": (5, 2, 15, 57344.0)}
 

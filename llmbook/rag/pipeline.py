@@ -21,7 +21,7 @@ from llmbook.rag.sparse import analyze
 
 #: The retrievers :func:`search` offers (:func:`method_scores`); ``"hybrid"`` is the part's pipeline.
 METHODS = ("hybrid", "bm25", "dense")
-#: What ``python -m llmbook ask`` uses: the method with the best NDCG@10 on the dev queries
+#: What ``python -m llmbook ask`` uses, the method with the best NDCG@10 on the dev queries
 #: (:func:`llmbook.rag.collection.dev_winner`; ``tests/rag/test_collection.py`` keeps them equal).
 DEFAULT_METHOD = "hybrid"
 
