@@ -52,7 +52,7 @@ from torch import nn
 from llmbook import registry, verify
 from llmbook.audit_report import FACTOR, _raised, _survivors, report  # noqa: F401 (the report lives there)
 
-__all__ = ["audit_notebook", "perturbed", "scaled"]
+__all__ = ["audit_notebook", "perturbed", "perturbed_library", "scaled"]
 
 MARK = "LLMBOOK-AUDIT "
 SECTION = re.compile(r"\(sec-(\d\d)-(\d\d)\)=")

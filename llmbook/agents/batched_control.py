@@ -108,7 +108,7 @@ def pendulum_obs(state: Tensor) -> Tensor:
 class BatchedCartPole:
     """``shape`` (e.g. ``(K, N)``: seeds by environments) independent CartPole-v1 episodes with auto-reset.
 
-    :meth:`step` returns ``(obs, reward, terminated, truncated, episode_return)``; where an episode ends
+    ``step()`` returns ``(obs, reward, terminated, truncated, episode_return)``; where an episode ends
     (pole down, or 500 steps) the returned ``obs`` is already the next episode's first, and ``episode_return``
     holds the finished episode's return (NaN elsewhere). Starts are uniform in :math:`[-0.05, 0.05]^4`.
     """
@@ -137,8 +137,8 @@ class BatchedCartPole:
 
 
 class BatchedPendulum:
-    """``shape`` independent Pendulum-v1 episodes, all 200 steps long (so they reset together): :meth:`reset`
-    draws :math:`\\theta\\sim U[-\\pi,\\pi]`, :math:`\\dot\\theta\\sim U[-1,1]`; :meth:`step` returns
+    """``shape`` independent Pendulum-v1 episodes, all 200 steps long (so they reset together): ``reset()``
+    draws :math:`\\theta\\sim U[-\\pi,\\pi]`, :math:`\\dot\\theta\\sim U[-1,1]`; ``step()`` returns
     ``(obs, reward)``."""
 
     def __init__(self, shape: tuple[int, ...], generator: torch.Generator):
