@@ -226,7 +226,7 @@ def _library_objects() -> list:
 
 @contextmanager
 def perturbed_library(namespaces=(), factor: float = FACTOR):
-    """Within the block, every object of :func:`_library_objects` and every method of :func:`_library_methods`
+    """Within the block, every object of ``_library_objects()`` and every method of ``_library_methods()``
     returns :func:`scaled` outputs (floats and
     integers; not integer tensors, whose one wrong entry would send ids out of range all through the library).
 
