@@ -219,18 +219,38 @@ def _thought(task: Task, step: int, obs: list[str]) -> str:
     return "This breaks the policy."
 
 
-def demonstration(task: Task, react: bool = True) -> list[tuple[str, str]]:
-    """The gold trajectory as ``(role, text)`` turns: the assistant's actions and the tools' observations."""
+def _grounded_thought(task: Task, step: int, obs: list[str]) -> str:
+    n = next(iter(task.directory))
+    if task.kind == "notes":  # copy the note that names the person: the value then sits next to the answer
+        f = next(f for f in FIELDS if task.directory[n][f] == task.answer)
+        return f"The notes say {fact_sentence(n, f, task.answer)}"
+    if task.kind == "chain":  # restate the operation, so that the calculator call copies it from the thought
+        op, k = task.plan[1][1].split()[1:]
+        return f"I need the age of {n}, then {op} {k}." if step == 0 else \
+            f"Now {obs[0]} {op} {k} on the calculator." if step == 1 else "The tool answered."
+    if task.kind in ("calc", "lookup") and step > 0:
+        return "The tool answered."  # the answer copies the observation once, not twice
+    return _thought(task, step, obs)
+
+
+def demonstration(task: Task, react: bool = True, grounded: bool = False) -> list[tuple[str, str]]:
+    """The gold trajectory as ``(role, text)`` turns: the assistant's actions and the tools' observations.
+
+    ``grounded=True`` writes thoughts that copy what the next action needs (the note about the person asked
+    about; the chain's operation and operand) and do not restate an observation before answering (an
+    experiment of ``benchmarks/assistant_thoughts.py``; the committed assistant was trained without it).
+    """
     calls = task.plan
     turns: list[tuple[str, str]] = []
     obs: list[str] = []
+    thought = _grounded_thought if grounded else _thought
     for step, (tool, args) in enumerate(calls):
         act = f"Act: {tool} {args}"
-        turns.append(("assistant", f"Thought: {_thought(task, step, obs)}\n{act}" if react else act))
+        turns.append(("assistant", f"Thought: {thought(task, step, obs)}\n{act}" if react else act))
         obs.append(execute(task, tool, args))
         turns.append(("tool", obs[-1]))
     act = f"Act: answer {task.answer}"
-    turns.append(("assistant", f"Thought: {_thought(task, len(calls), obs)}\n{act}" if react else act))
+    turns.append(("assistant", f"Thought: {thought(task, len(calls), obs)}\n{act}" if react else act))
     return turns
 
 

@@ -100,12 +100,15 @@ def heldout_tasks(cfg: RecipeConfig = RecipeConfig(), n: int | None = None) -> l
     return make_tasks(cfg.heldout if n is None else n, seed=cfg.seed + 10_000, split="heldout")
 
 
-def train_tokenizer(cfg: RecipeConfig):
-    """The recipe's first stage, the BPE tokenizer: ``(tok, text, demos)``, ``text`` being the pre-training text."""
+def train_tokenizer(cfg: RecipeConfig, grounded: bool = False):
+    """The recipe's first stage, the BPE tokenizer: ``(tok, text, demos)``, ``text`` being the pre-training text.
+
+    ``grounded`` selects the demonstrations' thoughts (:func:`~llmbook.agents.assistant_tasks.demonstration`).
+    """
     rng = random.Random(cfg.seed)
     corpus = (_data_dir() / "corpus.txt").read_text(encoding="utf-8")
     docs = "\n\n".join(world_document(rng) for _ in range(cfg.world_docs))
-    demos = [render(t, demonstration(t)) for t in make_tasks(500, seed=cfg.seed + 7)]  # see training_tasks
+    demos = [render(t, demonstration(t, grounded=grounded)) for t in make_tasks(500, seed=cfg.seed + 7)]
     tok = train_bpe(corpus + "\n\n" + docs + "\n\n" + "\n".join(demos), cfg.n_merges, SPECIALS)
     return tok, corpus + "\n\n" + docs, demos
 
@@ -237,9 +240,9 @@ def run_recipe(cfg: RecipeConfig = RecipeConfig(), out_dir=None, progress=print)
     return log
 
 
-def _sft(cfg: RecipeConfig, model: TinyGPT, tok, log: dict) -> TinyGPT:
+def _sft(cfg: RecipeConfig, model: TinyGPT, tok, log: dict, grounded: bool = False) -> TinyGPT:
     tasks = make_tasks(cfg.sft_examples, seed=cfg.seed + 1)
-    texts = [render(t, demonstration(t, react=i % 4 != 3)) for i, t in enumerate(tasks)]
+    texts = [render(t, demonstration(t, react=i % 4 != 3, grounded=grounded)) for i, t in enumerate(tasks)]
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     opt, losses, B = _optimizer(model, 3e-3), [], 32
     model.train()

@@ -67,3 +67,20 @@ def test_parse_and_render():
         AT.make_tasks(2, split="test")
     with pytest.raises(ValueError, match="kind"):
         AT.make_tasks(2, kinds=("poem",))
+
+
+def test_grounded_thoughts_change_only_the_thoughts_and_quote_what_the_action_needs():
+    for t in AT.make_tasks(40, seed=11):
+        plain, grounded = AT.demonstration(t), AT.demonstration(t, grounded=True)
+        assert [r for r, _ in plain] == [r for r, _ in grounded]
+        acts = [body.splitlines()[-1] for _, body in plain]
+        assert acts == [body.splitlines()[-1] for _, body in grounded]  # the same actions and observations
+        thoughts = [body.splitlines()[0] for r, body in grounded if r == "assistant"]
+        n = next(iter(t.directory))
+        if t.kind == "notes":  # the thought is the note about the person asked about, word for word
+            note = next(s.strip() + "." for s in t.notes.split(".") if s.strip().startswith(n))
+            assert thoughts[0] == f"Thought: The notes say {note}" and f" {t.answer}" in note
+        if t.kind == "chain":  # the second thought holds the calculator's arguments as the call writes them
+            assert f"Now {t.plan[1][1]} on" in thoughts[1]
+        if t.kind in ("calc", "lookup"):
+            assert t.answer not in thoughts[-1]
