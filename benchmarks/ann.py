@@ -18,7 +18,10 @@ Protocol (one run; every index measured in the same process, on the same data, w
     builds within minutes;
 * indexes: exact search (``faiss.IndexFlatL2``, the baseline and the ground truth), IVF-Flat and IVF-PQ
   (faiss, ``nlist`` about sqrt(N), trained on a sample), HNSW (``faiss.IndexHNSWFlat`` and ``hnswlib``,
-  M = 16), and the book's own numpy HNSW (``llmbook.rag.hnsw.HNSW``) on the book corpus only;
+  M = 16), and, on the book corpus only, the book's own indexes: its numpy HNSW (``llmbook.rag.hnsw.HNSW``),
+  its IVF-Flat (``llmbook.rag.ann.IVFIndex`` on centroids from its own Lloyd k-means, the same training sample
+  and ``nlist``) and its PQ (``pq_train``, 8-bit codes, exhaustive ADC by ``pq_adc``, then exact re-ranking of
+  the top R by ``rerank_exact``);
 * recall@10: the fraction of the exact top 10 (flat L2) that an index returns in its top 10;
 * time: the median of ``--repeats`` searches of the whole query batch after one warm-up,
   ``time.perf_counter`` (on the book corpus each timed call searches the batch 20 times, as one batch of
@@ -51,7 +54,8 @@ from _common import machine, median_time, save  # noqa: E402  (this folder is on
 
 THREADS = 2
 MARKERS = {"flat": "*", "faiss IVF-Flat": "o", "faiss IVF-PQ": "^", "faiss HNSW": "s", "hnswlib": "D",
-           "llmbook HNSW (numpy)": "P"}
+           "llmbook HNSW (numpy)": "P", "llmbook IVF-Flat": "h", "llmbook PQ (ADC, exhaustive)": "v",
+           "llmbook PQ + exact rerank": "<"}
 
 
 def recall_at(I: np.ndarray, I0: np.ndarray, k: int = 10) -> float:
@@ -157,11 +161,43 @@ def run_corpus(name: str, x: np.ndarray, q: np.ndarray, repeats: int, ours: bool
     if ours:
         import torch
 
+        from llmbook.rag.ann import IVFIndex, pq_adc, pq_encode, pq_train, rerank_exact
         from llmbook.rag.hnsw import HNSW
+        from llmbook.rag.kmeans import lloyd
 
         measure("llmbook HNSW (numpy)", "M=16 efC=40 ef=64",
                 lambda: HNSW(torch.from_numpy(x), M=16, ef_construction=40),
                 lambda ix: ix.search(torch.from_numpy(q), 10, ef=64)[1].numpy())
+        xt, qt = torch.from_numpy(x), torch.from_numpy(q)
+
+        def our_ivf():  # the book's Lloyd k-means on the same training sample, then its IVFIndex
+            tt = torch.from_numpy(train)
+            start = torch.randperm(len(tt), generator=torch.Generator().manual_seed(0))[:nlist]
+            return IVFIndex(xt, lloyd(tt, tt[start], max_iter=10).centroids)
+
+        oi = None
+        for nprobe in (1, 4, 16):
+            def search(ix, nprobe=nprobe):
+                return ix.search(qt, 10, nprobe=nprobe)[1].numpy()
+            oi = measure("llmbook IVF-Flat", f"nlist={nlist} nprobe={nprobe}", our_ivf if oi is None else
+                         (lambda ix=oi: ix), search)
+        pq_m = d // 16  # 24 sub-vectors of 16 dimensions for D = 384: 24 bytes per passage, as in chapter 24
+
+        def our_pq():
+            C = pq_train(xt, pq_m, 256, max_iter=10)
+            return C, pq_encode(xt, C)
+
+        def pq_search(ix, R=None):
+            C, codes = ix
+            d_adc = pq_adc(qt, codes, C)
+            if R is None:
+                return d_adc.topk(10, largest=False).indices.numpy()
+            return rerank_exact(qt, xt, d_adc.topk(R, largest=False).indices, 10)[1].numpy()
+
+        pq = measure("llmbook PQ (ADC, exhaustive)", f"M={pq_m} nbits=8", our_pq, pq_search)
+        for R in (20, 100):
+            measure("llmbook PQ + exact rerank", f"M={pq_m} nbits=8 R={R}", lambda ix=pq: ix,
+                    lambda ix, R=R: pq_search(ix, R))
     base = rows[0]["qps"]
     for r in rows:
         r["recall@10"] = recall_at(r.pop("I"), I0)
