@@ -22,7 +22,7 @@ FLASH backend and 0.8x the fastest SDPA backend; forward + backward at least 1.0
 
 Usage::
 
-    python benchmarks/flash_attention.py                 # the full protocol, about 5-8 minutes on an H200
+    python benchmarks/flash_attention.py                 # the full protocol, about 3 minutes on an H200
     python benchmarks/flash_attention.py --quick         # bfloat16, D = 128, T in {1k, 4k, 16k}
     python benchmarks/flash_attention.py --cpu-smoke     # tiny shapes on the CPU (Triton interpreter): checks
                                                          # the script itself; writes to a temporary folder

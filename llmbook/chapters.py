@@ -58,7 +58,7 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     4: ("book/04-positions.ipynb", ("llmbook.lm.positions", "llmbook.lm.rope", "llmbook.lm.position_bias",
                                     "llmbook.lm.context_extension", "llmbook.lm.long_context")),
     5: ("book/05-normalization.ipynb", ("llmbook.lm.norms", "llmbook.lm.qk_norm", "llmbook.lm.welford")),
-    6: ("book/06-activations.ipynb", ("llmbook.lm.activations",)),
+    6: ("book/06-activations.ipynb", ("llmbook.lm.activations", "llmbook.lm.ffn_experiment")),
     7: ("book/07-losses.ipynb", ("llmbook.lm.losses", "llmbook.lm.contrastive", "llmbook.lm.objectives",
                                  "llmbook.lm.distillation")),
     8: ("book/08-optimization.ipynb", ("llmbook.lm.optim", "llmbook.lm.adafactor", "llmbook.lm.schedules",

@@ -16,7 +16,9 @@ for ``N`` tokens ``x`` (``(N, C)``), expert weights ``W`` (``(E, C, D)``), exper
   that block's expert GEMM and applies the gate in its epilogue, storing straight into the
   un-permuted slots.
 
-:func:`moe_dispatch` picks Triton for CUDA tensors the kernel supports and PyTorch elsewhere. Triton
+:func:`moe_dispatch` picks PyTorch's ``grouped_mm`` for CUDA tensors it suits, Triton for other CUDA tensors the
+kernel supports, and PyTorch elsewhere: on an H200 (``benchmarks/results/moe_dispatch.json``, 2026-12-04) the
+grouped PyTorch path was faster than the Triton kernel in six of the seven shapes timed. Triton
 is imported lazily, only when its backend runs: ``import llmbook.kernels.moe`` needs neither Triton
 nor a GPU. The kernel is in :mod:`llmbook.kernels.moe_kernels`; availability, the interpreter mode and
 the errors are those of :mod:`llmbook.kernels.runtime`, shared with the other kernels.
@@ -290,11 +292,22 @@ def moe_dispatch_triton(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "
 # ================================================================= the entry point
 
 
+def _auto_backend(x: Tensor, expert_weights: Tensor) -> str:
+    """``"torch"`` where ``grouped_mm`` suits CUDA operands (measured faster), ``"triton"`` for other CUDA operands
+    the kernel supports, ``"torch"`` elsewhere."""
+    if not (isinstance(x, Tensor) and x.is_cuda):
+        return "torch"
+    if _grouped_mm_suits(x, expert_weights):
+        return "torch"
+    return "triton" if runtime.unsupported(OP, x, TRITON_DTYPES) is None else "torch"
+
+
 def moe_dispatch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E C D"], topk_ids: Int[Tensor, "N K"],
                  topk_weights: Float[Tensor, "N K"], backend: str = "auto", **options) -> Float[Tensor, "N D"]:
     r"""MoE dispatch :math:`y_n = \sum_k w_{nk}\, x_n W_{e_{nk}}` with a choice of backend.
 
-    ``backend``: ``"auto"`` (Triton for CUDA tensors the kernel supports, PyTorch otherwise),
+    ``backend``: ``"auto"`` (PyTorch's ``grouped_mm`` for CUDA operands it suits, the faster on an H200; else
+    Triton for CUDA tensors the kernel supports; PyTorch elsewhere),
     ``"loop"``, ``"torch"`` or ``"triton"``. ``options`` go to the chosen backend (block sizes for
     Triton, ``use_grouped_mm`` for PyTorch). Shapes ``(N, C), (E, C, D), (N, K), (N, K) -> (N, D)``.
 
@@ -305,7 +318,6 @@ def moe_dispatch(x: Float[Tensor, "N C"], expert_weights: Float[Tensor, "E C D"]
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        cuda = isinstance(x, Tensor) and x.is_cuda
-        backend = "triton" if cuda and runtime.unsupported(OP, x, TRITON_DTYPES) is None else "torch"
+        backend = _auto_backend(x, expert_weights)
     fn = {"loop": moe_dispatch_loop, "torch": moe_dispatch_torch, "triton": moe_dispatch_triton}[backend]
     return fn(x, expert_weights, topk_ids, topk_weights, **options)

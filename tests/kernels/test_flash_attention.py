@@ -154,8 +154,9 @@ def oracle(q, k, v, causal, scale=None):
 
 def close(actual, expected, tol, what, seed, case):
     expected = expected.detach()
+    actual = actual.detach().to(expected.device)  # a CUDA kernel's output against a float64 reference on the CPU
     atol = tol * max(1.0, expected[torch.isfinite(expected)].abs().max().item())
-    torch.testing.assert_close(actual.detach().double(), expected, atol=atol, rtol=tol,
+    torch.testing.assert_close(actual.double(), expected, atol=atol, rtol=tol,
                                msg=lambda m: f"{what} of {case} (seed {seed}, atol {atol:.2g}): {m}")
 
 

@@ -135,6 +135,21 @@ def test_auto_backend_is_torch_on_the_cpu(seed):
     close(moe_dispatch(x, W, ids, w, backend="loop").double(), oracle(x, W, ids, w), torch.float32, "loop", seed)
 
 
+def test_auto_backend_prefers_grouped_mm_then_triton_on_cuda(monkeypatch):
+    """The choice on CUDA, without a GPU: a stand-in that says it is on CUDA, and the two conditions patched."""
+    from llmbook.kernels import moe as moe_mod
+
+    class OnCuda(torch.Tensor):
+        is_cuda = True
+
+    x, W = torch.zeros(4, 16).as_subclass(OnCuda), torch.zeros(2, 16, 16)
+    assert moe_mod._auto_backend(torch.zeros(4, 16), W) == "torch"  # a CPU tensor
+    for suits, supported, expected in ((True, True, "torch"), (False, True, "triton"), (False, False, "torch")):
+        monkeypatch.setattr(moe_mod, "_grouped_mm_suits", lambda xs, w, s=suits: s)
+        monkeypatch.setattr(moe_mod.runtime, "unsupported", lambda op, t, dtypes, ok=supported: None if ok else "no")
+        assert moe_mod._auto_backend(x, W) == expected, (suits, supported)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="only the interpreter computes bfloat16 dots wrongly")
 @pytest.mark.parametrize("seed", [3])
 def test_interpreter_refuses_bfloat16(seed):
@@ -300,7 +315,8 @@ def test_gpu_bf16_triton_and_grouped_torch_match_the_loop(kind, N, C, D, E, K, s
     ref = oracle(x, W, ids, w)
     y_loop = moe_dispatch_loop(x, W, ids, w)
     y_torch = moe_dispatch_torch(x, W, ids, w)
-    y_triton = moe_dispatch(x, W, ids, w)  # auto: Triton on CUDA
+    y_triton = moe_dispatch(x, W, ids, w, backend="triton")
+    assert moe_dispatch(x, W, ids, w).equal(y_torch)  # auto: grouped_mm suits bfloat16 on sm80+, and is faster
     for name, y in (("loop", y_loop), ("torch", y_torch), ("triton", y_triton)):
         assert y.dtype == torch.bfloat16
         close(y.double(), ref, torch.bfloat16, f"{name} vs einsum", seed)
