@@ -37,7 +37,8 @@ def main() -> int:
     runs = run_experiment(V, train, heldout, seeds=SEEDS, steps=STEPS)
     for name, rec in runs.items():
         rec["curves"] = [[round(x, 6) for x in c] for c in rec["curves"]]  # for the plot; the finals stay exact
-        print(f"{name:<30} train {[round(x, 3) for x in rec['train']]}  held-out {[round(x, 3) for x in rec['heldout']]}")
+        train_3, heldout_3 = [round(x, 3) for x in rec["train"]], [round(x, 3) for x in rec["heldout"]]
+        print(f"{name:<30} train {train_3}  held-out {heldout_3}")
     record = {"experiment": "ffn_matched", "seeds": SEEDS, "steps": STEPS, "lr": 3e-2, "d": 12, "V": V,
               "contexts": {"train": len(train[0]), "heldout": len(heldout[0])},
               "torch": torch.__version__, "runs": runs}

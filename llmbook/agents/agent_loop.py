@@ -94,7 +94,8 @@ def _prompt(generator, traj: Trajectory, prefix: str, notes: bool, window: int |
 
 def run_agent(generator, tasks: Sequence[Task], *, react: bool = True, tools: bool = True, notes: bool = True,
               max_steps: int = 4, max_new_tokens: int = 40, window: int | None = None, temperature: float = 0.0,
-              seed: int = 0, system: str = SYSTEM, gate=None, escape: bool = True) -> list[Trajectory]:
+              seed: int = 0, system: str = SYSTEM, gate=None, escape: bool = True,
+              prelude: Sequence[Sequence[tuple[str, str]]] | None = None) -> list[Trajectory]:
     """Run the loop (module docstring) on every task, batched; returns one :class:`Trajectory` per task.
 
     ``tools=False`` answers every tool call with an error observation (no tools); ``notes=False`` drops the
@@ -105,10 +106,18 @@ def run_agent(generator, tasks: Sequence[Task], *, react: bool = True, tools: bo
     saw the format. ``gate(task, tool, arguments) -> bool`` is a permission check run before each tool call; a
     refused call is not run, its observation is ``BLOCKED``, and it is listed in ``Trajectory.blocked``.
     ``escape=False`` appends tool outputs raw instead of through :func:`escape_observation` (to show the attack).
+    ``prelude`` gives each task turns that open its transcript before the model's first turn (Reflexion's memory,
+    :mod:`llmbook.agents.reflexion_loop`); they stay in ``Trajectory.turns`` but count as no step.
     """
     max_steps = check_positive_int(max_steps, "max_steps")
     window = getattr(generator, "context_window", None) if window is None else check_positive_int(window, "window")
     trajs = [Trajectory(t, system=system) for t in tasks]
+    if prelude is not None:
+        if len(prelude) != len(trajs):
+            raise ValueError(f"prelude has {len(prelude)} entries for {len(trajs)} tasks; give one (possibly empty) "
+                             "list of turns per task")
+        for tr, turns in zip(trajs, prelude, strict=True):
+            tr.turns.extend((str(role), str(body)) for role, body in turns)
     prefix = "" if react else "Act:"
     for s in range(max_steps):
         active = [tr for tr in trajs if tr.answer is None and tr.steps == s]
