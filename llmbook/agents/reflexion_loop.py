@@ -47,7 +47,7 @@ class ReflexionRecord:
 
 
 def write_reflections(generator, failed: Sequence[Trajectory], max_new_tokens: int = 24) -> list[str]:
-    """The model's own lesson for each failed trajectory: greedy, one turn, after the user turn :data:`ASK`.
+    """The model's own lesson for each failed trajectory: greedy, one turn, after the user turn ``ASK``.
 
     The prompt is the trajectory's transcript with ``("user", ASK)`` appended, truncated from the oldest step as
     :func:`~llmbook.agents.agent_loop.run_agent` truncates, so that the reply fits the generator's window.
