@@ -33,10 +33,11 @@ def machine(**extra) -> dict:
             "python": platform.python_version(), **extra}
 
 
-def save(result: dict, out: Path, plot: Callable[[dict, Path], None]) -> None:
-    """Write ``<benchmark>.json`` and its figure ``<benchmark>.png`` into ``out`` and say so."""
+def save(result: dict, out: Path, plot: Callable[[dict, Path], None] | None = None) -> None:
+    """Write ``<benchmark>.json`` and, given ``plot``, its figure ``<benchmark>.png`` into ``out``, and say so."""
     name = result["benchmark"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, out / f"{name}.png")
-    print(f"wrote {out / f'{name}.json'} and {name}.png")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if plot is not None:
+        plot(result, out / f"{name}.png")
+    print(f"wrote {out / f'{name}.json'}" + (f" and {name}.png" if plot is not None else ""))

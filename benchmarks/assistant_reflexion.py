@@ -18,11 +18,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
+from _common import save  # this folder is on sys.path (run as python benchmarks/<name>.py)
 
 from llmbook.agents.reflexion_loop import reflexion
 from llmbook.lm.assistant import load_assistant
@@ -55,10 +55,7 @@ def main() -> int:
         rows.append(row)
     record = {"benchmark": "assistant_reflexion", "tasks": len(tasks), "trials": TRIALS, "temperature": TEMPERATURE,
               "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS, "torch": torch.__version__, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "assistant_reflexion.json"
-    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    save(record, args.out)
     return 0
 
 

@@ -12,11 +12,11 @@ re-trains seed 0 to check it; rerun with::
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
+from _common import save  # this folder is on sys.path (run as python benchmarks/<name>.py)
 
 from llmbook.lm.ffn_experiment import context_counts, run_experiment
 from llmbook.lm.training import corpus_tokens
@@ -39,13 +39,11 @@ def main() -> int:
         rec["curves"] = [[round(x, 6) for x in c] for c in rec["curves"]]  # for the plot; the finals stay exact
         train_3, heldout_3 = [round(x, 3) for x in rec["train"]], [round(x, 3) for x in rec["heldout"]]
         print(f"{name:<30} train {train_3}  held-out {heldout_3}")
-    record = {"experiment": "ffn_matched", "seeds": SEEDS, "steps": STEPS, "lr": 3e-2, "d": 12, "V": V,
+    record = {"benchmark": "ffn_matched", "seeds": SEEDS, "steps": STEPS, "lr": 3e-2, "d": 12, "V": V,
               "contexts": {"train": len(train[0]), "heldout": len(heldout[0])},
               "torch": torch.__version__, "runs": runs}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "ffn_matched.json"
-    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {path} ({time.perf_counter() - t0:.1f} s of training)")
+    print(f"{time.perf_counter() - t0:.1f} s of training")
+    save(record, args.out)
     return 0
 
 

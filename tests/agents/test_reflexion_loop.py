@@ -6,22 +6,20 @@ from llmbook.agents import assistant_tasks as AT
 from llmbook.agents.agent_loop import Trajectory, run_agent
 from llmbook.agents.generation import Completion
 from llmbook.agents.reflexion_loop import ASK, MEMORY, ReflexionRecord, reflexion, write_reflections
+from tests.agents.test_agent_loop import Scripted
 
 
-class Reader:
+class Reader(Scripted):
     """A stand-in model: answers wrongly unless a lesson naming the gold answer is in its context.
 
     Asked for a lesson (the prompt ends with the ASK turn), it writes ``use <gold answer>`` on its ``k``-th
     lesson for a task, and ``try again`` before that, so that lessons must accumulate for a task to be solved.
+    Its window and token count are :class:`Scripted`'s; it reads its prompts instead of following a script.
     """
 
     def __init__(self, lessons_needed=1, window=None):
-        self.lessons_needed, self.prompts, self.asked = lessons_needed, [], {}
-        if window is not None:
-            self.context_window = window
-
-    def count_tokens(self, text):
-        return len(text.split())
+        super().__init__({}, window=window)
+        self.lessons_needed, self.asked = lessons_needed, {}
 
     def generate(self, prompts, max_new_tokens=64, stop=(), temperature=0.0, seed=0):
         out = []
