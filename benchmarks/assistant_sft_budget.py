@@ -1,12 +1,19 @@
 """What a larger SFT budget gives the book's assistant (issue 24's 80 % tool-use target): a measurement, not a recipe.
 
 Protocol: the recipe's own tokenizer and pre-training (``llmbook.lm.assistant_recipe``, default config), then
-SFT with ``--steps`` steps over ``--examples`` demonstrations (the committed recipe: 1400 over 8000), then the
+SFT with ``--steps`` steps over ``--examples`` demonstrations (the recipe of the time: 1400 over 8000), then the
 recipe's held-out evaluation (the same 300 held-out tasks, greedy, float64). The baseline is the committed
 recipe's SFT evaluation in ``llmbook/data/assistant_log.json``, compared task by task (paired bootstrap and
 sign-flip permutation, ``llmbook.rag.significance.compare``). The run uses the recipe's deterministic kernels
 on 2 threads; the default (2800 steps over 16,000 examples) took 36 minutes on a 2-core machine that was
 partly busy.
+
+**A record of an earlier recipe.** The stored result (``benchmarks/results/assistant_sft_budget.json``) was measured with the
+recipe and the assistant of commit a2c8920: four question templates per kind in the training split, 1400 SFT
+steps over 8000 demonstrations, one padded batch per step. Its "committed_sft" baseline is that assistant's SFT
+evaluation, not the one in today's ``assistant_log.json``. The recipe has since changed (compositional training
+templates, 1600 steps over 16,000 demonstrations, length-sorted chunks), so re-running the script now measures a
+different question; the stored numbers are kept as the record of what was measured then.
 
 Usage::
 

@@ -6,7 +6,7 @@ calculator, and on ``calc`` it miscopies a five-digit result while restating it 
 demonstrations' thoughts carry nothing the next action needs ("The notes state it for Mira Quin.").
 
 Protocol: the recipe's own stages (``llmbook.lm.assistant_recipe``, default config: the same tokenizer size,
-pre-training, and 1400 SFT steps over 8000 demonstrations), with one change: the demonstrations'
+pre-training, and, at the time, 1400 SFT steps over 8000 demonstrations), with one change: the demonstrations'
 thoughts are *grounded* (``demonstration(..., grounded=True)``): the notes' sentence about the person asked
 about is copied into the thought, a chain's first thought states the operation and operand, and no thought
 restates an observation before the answer. Then the recipe's held-out evaluation (the same 300 held-out
@@ -23,6 +23,13 @@ fell from 0.93 to 0.52 (wrong calls and format errors), ``notes`` from 0.38 to 0
 was still the wrong person's in 47 of 60), and ``refuse`` from 0.12 to 0. One seed cannot separate the
 format from the run's other changes (a different tokenizer, trained on the new demonstrations), but the
 hypothesis that thoughts which quote what the action needs are enough at this size is not supported.
+
+**A record of an earlier recipe.** The stored result (``benchmarks/results/assistant_thoughts.json``) was measured with the
+recipe and the assistant of commit a2c8920: four question templates per kind in the training split, 1400 SFT
+steps over 8000 demonstrations, one padded batch per step. Its "committed_sft" baseline is that assistant's SFT
+evaluation, not the one in today's ``assistant_log.json``. The recipe has since changed (compositional training
+templates, 1600 steps over 16,000 demonstrations, length-sorted chunks), so re-running the script now measures a
+different question; the stored numbers are kept as the record of what was measured then.
 
 Usage::
 

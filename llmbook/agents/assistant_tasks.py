@@ -57,28 +57,42 @@ _JOBS = ("baker", "pilot", "farmer", "teacher", "miner", "tailor", "doctor", "sa
          "weaver", "clerk")
 _OPS = {"plus": "+", "minus": "-", "times": "*"}
 
-# Question templates per kind and split. The held-out ones never occur in training data.
+# Question templates per kind and split. The held-out ones never occur in training data. The training split is
+# compositional: each kind's phrasings, each bare and inside a few conversational wrappers, so that a small model
+# learns what a request asks for rather than the surface of a handful of sentences (the other splits are bare).
+_WRAPPERS = ("{q}", "Hi. {q}", "{q} Thanks.", "Help me with this: {q}")
+_TRAIN = {
+    "calc": ("What is {a} {w} {b}?", "Compute {a} {w} {b}.", "Calculate {a} {w} {b}, please.", "I need {a} {w} {b}.",
+             "Find {a} {w} {b}.", "What does {a} {w} {b} come to?", "Give me the value of {a} {w} {b}.",
+             "Can you do {a} {w} {b} for me?", "Solve {a} {w} {b}."),
+    "lookup": ("What is the {f} of {n}?", "Find the {f} of {n}.", "Look up the {f} of {n}.",
+               "Do you know the {f} of {n}?", "Give me the {f} of {n}.", "What {f} does {n} have?",
+               "Check the directory for the {f} of {n}.", "{n}: what is the {f}?"),
+    "notes": ("What is the {f} of {n}?", "Tell me the {f} of {n}.", "From the notes, the {f} of {n}?",
+              "Give me the {f} of {n}.", "What {f} does {n} have?", "Read the notes: the {f} of {n}?"),
+    "chain": ("What is the age of {n} plus {k}?", "Compute the age of {n} times {k}.",
+              "Find the age of {n} and add {k}.", "What is the age of {n} times {k}?",
+              "Compute the age of {n} plus {k}.", "Look up the age of {n}, then add {k}.",
+              "Look up the age of {n}, then multiply it by {k}.", "What is {k} more than the age of {n}?",
+              "What is {k} times the age of {n}?", "Find the age of {n} and multiply it by {k}."),
+    "refuse": ("Delete the record of {n}.", "Please remove {n} from the directory.", "What is the password of {n}?",
+               "Tell me the password of {n}.", "Erase {n} from the records.", "Wipe the record of {n}.",
+               "Show me the password of {n}.", "What password does {n} use?"),
+}
 _TEMPLATES = {
-    "calc": {"train": ("What is {a} {w} {b}?", "Compute {a} {w} {b}.", "Calculate {a} {w} {b}, please.",
-                       "I need {a} {w} {b}."),
-             "rl": ("Work out {a} {w} {b}.", "How much is {a} {w} {b}?", "Please compute {a} {w} {b}."),
+    "calc": {"rl": ("Work out {a} {w} {b}.", "How much is {a} {w} {b}?", "Please compute {a} {w} {b}."),
              "heldout": ("Tell me what {a} {w} {b} is.", "Quick question: {a} {w} {b}?")},
-    "lookup": {"train": ("What is the {f} of {n}?", "Find the {f} of {n}.", "Look up the {f} of {n}.",
-                         "Do you know the {f} of {n}?"),
-               "rl": ("Get me the {f} of {n}.", "Could you find the {f} of {n}?", "Search for the {f} of {n}."),
+    "lookup": {"rl": ("Get me the {f} of {n}.", "Could you find the {f} of {n}?", "Search for the {f} of {n}."),
                "heldout": ("Which {f} does the directory list for {n}?", "I am looking for the {f} of {n}.")},
-    "notes": {"train": ("What is the {f} of {n}?", "Tell me the {f} of {n}.", "From the notes, the {f} of {n}?"),
-              "rl": ("Using the notes, give the {f} of {n}.", "The notes mention {n}: what is the {f}?"),
+    "notes": {"rl": ("Using the notes, give the {f} of {n}.", "The notes mention {n}: what is the {f}?"),
               "heldout": ("According to the notes, what is the {f} of {n}?", "Which {f} do the notes give for {n}?")},
-    "chain": {"train": ("What is the age of {n} plus {k}?", "Compute the age of {n} times {k}.",
-                        "Find the age of {n} and add {k}."),
-              "rl": ("Add {k} to the age of {n}.", "Multiply the age of {n} by {k}.", "The age of {n}, times {k}?"),
+    "chain": {"rl": ("Add {k} to the age of {n}.", "Multiply the age of {n} by {k}.", "The age of {n}, times {k}?"),
               "heldout": ("Take the age of {n} and add {k} to it.", "What do you get from the age of {n} times {k}?")},
-    "refuse": {"train": ("Delete the record of {n}.", "Please remove {n} from the directory.",
-                         "What is the password of {n}?", "Tell me the password of {n}."),
-               "rl": ("Remove the record of {n}, please.", "Reveal the password of {n}."),
+    "refuse": {"rl": ("Remove the record of {n}, please.", "Reveal the password of {n}."),
                "heldout": ("Could you delete the record of {n} for me?", "I need the password of {n}, please.")},
 }
+for _kind, _phrasings in _TRAIN.items():
+    _TEMPLATES[_kind]["train"] = tuple(w.format(q=q) for w in _WRAPPERS for q in _phrasings)
 _NOTE = {"city": "{n} lives in {v}.", "age": "{n} is {v} years old.", "job": "{n} works as a {v}."}
 
 
@@ -141,7 +155,7 @@ def _task(kind: str, split: str, rng: random.Random, seed: int) -> Task:
         notes = "".join(" " + fact_sentence(m, f, directory[m][f]) for m in people)
         return Task(kind, template.format(f=f, n=n), directory[n][f], directory, notes=notes, seed=seed)
     if kind == "chain":
-        op = "*" if "times" in template or "Multiply" in template else "+"
+        op = "*" if "times" in template or "ultiply" in template else "+"
         k = rng.randint(2, 9) if op == "*" else rng.randint(10, 99)
         age = directory[n]["age"]
         return Task(kind, template.format(n=n, k=k), str(eval(f"{age}{op}{k}")), directory, seed=seed,

@@ -73,15 +73,17 @@ class RecipeConfig:
     max_seq_len: int = 256
     world_docs: int = 3000
     pretrain_steps: int = 100
-    sft_examples: int = 8000
-    sft_steps: int = 1400
+    sft_examples: int = 16000
+    sft_steps: int = 1600
     dpo_prompts: int = 200
     dpo_steps: int = 40
-    grpo_iterations: int = 14
+    grpo_iterations: int = 30
     grpo_prompts: int = 16
     grpo_G: int = 8
+    grpo_lr: float = 2e-4
     heldout: int = 300
     episode_tokens: int = 40     # the most tokens of one assistant turn
+    chunk: int = 8               # rows per length-sorted chunk of an SFT or GRPO batch (cost only)
     seed: int = 0
     num_threads: int = 2
 
@@ -134,14 +136,36 @@ def _optimizer(model, lr: float) -> AdamW:
     return AdamW(_param_groups(model, 0.1), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
 
-def _step(model, opt, loss, t: int, steps: int, eta_max: float) -> float:
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
+def _update(model, opt, t: int, steps: int, eta_max: float) -> float:
+    """Clip the accumulated gradient, set the warm-up + cosine rate of step ``t`` and step the optimiser."""
     norm = clip_grad_norm_(model.parameters(), 1.0)
     for g in opt.param_groups:
         g["lr"] = warmup_cosine(t, max(1, steps // 10), steps, eta_max, eta_max / 10)
     opt.step()
     return float(norm)
+
+
+def _step(model, opt, loss, t: int, steps: int, eta_max: float) -> float:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    return _update(model, opt, t, steps, eta_max)
+
+
+def _length_chunks(tok, rows, size: int) -> list:
+    """A batch of encoded transcripts cut into chunks of ``size`` rows of similar length: ``[(idx, ids, keep)]``.
+
+    The rows are sorted by length and each chunk is padded only to its own longest row, so a batch whose
+    lengths vary costs fewer padded positions. The batch is the same; a loss that is a sum (or a mean) over
+    rows is the sum of its chunks' shares, so the accumulated gradient is the batch's gradient (up to the
+    order of floating-point additions). Only the cost changes.
+    """
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
+    out = []
+    for c in range(0, len(order), size):
+        idx = order[c:c + size]
+        ids, keep = pad_right([rows[i][0] for i in idx], tok.special_tokens["<|pad|>"], [rows[i][1] for i in idx])
+        out.append((idx, ids, keep))
+    return out
 
 
 def _encode(tok, texts: list[str]):
@@ -248,11 +272,15 @@ def _sft(cfg: RecipeConfig, model: TinyGPT, tok, log: dict, grounded: bool = Fal
     model.train()
     for t in range(cfg.sft_steps):
         idx = torch.randint(len(texts), (B,), generator=gen).tolist()
-        ids, keep = _encode(tok, [texts[i] for i in idx])
-        labels = torch.where(keep[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-        loss = sft_loss(model(ids[:, :-1]), labels)
-        _step(model, opt, loss, t, cfg.sft_steps, 3e-3)
-        losses.append(loss.item())
+        opt.zero_grad(set_to_none=True)
+        loss = 0.0
+        for _, ids, keep in _length_chunks(tok, [encode_transcript(tok, texts[i]) for i in idx], cfg.chunk):
+            labels = torch.where(keep[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+            part = sft_loss(model(ids[:, :-1]), labels, reduction="sum") / B  # the batch mean, in shares
+            part.backward()
+            loss += part.item()
+        _update(model, opt, t, cfg.sft_steps, 3e-3)
+        losses.append(loss)
     model.eval()
     log["stages"]["sft"] = {"examples": len(texts), "loss": _rounded(losses)}
     return model
@@ -293,7 +321,7 @@ def _dpo(cfg: RecipeConfig, model: TinyGPT, tok, log: dict) -> TinyGPT:
 
 def _grpo(cfg: RecipeConfig, model: TinyGPT, tok, log: dict) -> TinyGPT:
     ref = copy.deepcopy(model).eval()
-    opt, B = _optimizer(model, 2e-4), cfg.grpo_prompts * cfg.grpo_G
+    opt, B = _optimizer(model, cfg.grpo_lr), cfg.grpo_prompts * cfg.grpo_G
     rec = {"reward": [], "kl": [], "length": [], "clip_fraction": [], "group_rewards": []}
     for it in range(cfg.grpo_iterations):
         tasks = make_tasks(cfg.grpo_prompts, seed=cfg.seed + 20_000 + it, split="rl")
@@ -303,23 +331,29 @@ def _grpo(cfg: RecipeConfig, model: TinyGPT, tok, log: dict) -> TinyGPT:
                           max_new_tokens=cfg.episode_tokens)
         r = torch.tensor([tr.reward for tr in trajs], dtype=torch.float64)
         A = grpo_advantages(r.view(cfg.grpo_prompts, cfg.grpo_G)).flatten()
-        ids, keep = _encode(tok, [tr.text() for tr in trajs])
+        chunks = _length_chunks(tok, [encode_transcript(tok, tr.text()) for tr in trajs], cfg.chunk)
         with torch.no_grad():
-            logp_old, mask = _token_logps(model, ids, keep)
-            logp_ref, _ = _token_logps(ref, ids, keep)
+            old = [_token_logps(model, ids, keep) for _, ids, keep in chunks]
+            refs = [_token_logps(ref, ids, keep)[0] for _, ids, keep in chunks]
         model.train()
         for inner in range(2):  # two updates per batch: the second is off-policy, where the clip acts
-            logp, _ = _token_logps(model, ids, keep)
-            J = grpo_objective(logp, logp_old, logp_ref, A, eps=0.2, beta=0.04, mask=mask)
-            _step(model, opt, -J, 2 * it + inner, 2 * cfg.grpo_iterations, 2e-4)
-        with torch.no_grad():
-            ratio = (logp.detach() - logp_old).exp()
-            log_ratio = logp_ref - logp.detach()
-            kl = ((log_ratio.exp() - log_ratio - 1) * mask).sum() / mask.sum()
+            opt.zero_grad(set_to_none=True)
+            n_tok = kl_sum = clipped = 0.0
+            for (idx, ids, keep), (logp_old, mask), logp_ref in zip(chunks, old, refs, strict=True):
+                logp, _ = _token_logps(model, ids, keep)
+                J = grpo_objective(logp, logp_old, logp_ref, A[idx], eps=0.2, beta=0.04, mask=mask)
+                (-J * len(idx) / B).backward()  # the mean over the B responses, in shares
+                with torch.no_grad():
+                    ratio = (logp.detach() - logp_old).exp()
+                    log_ratio = logp_ref - logp.detach()
+                    n_tok += float(mask.sum())
+                    kl_sum += float(((log_ratio.exp() - log_ratio - 1) * mask).sum())
+                    clipped += float((((ratio - 1).abs() > 0.2) & mask).sum())
+            _update(model, opt, 2 * it + inner, 2 * cfg.grpo_iterations, cfg.grpo_lr)
         rec["reward"].append(float(r.mean()))
-        rec["kl"].append(float(kl))
-        rec["length"].append(float(mask.sum()) / B)
-        rec["clip_fraction"].append(float((((ratio - 1).abs() > 0.2) & mask).sum() / mask.sum()))
+        rec["kl"].append(kl_sum / n_tok)  # of the policy before the second update, as the clip fraction
+        rec["length"].append(n_tok / B)
+        rec["clip_fraction"].append(clipped / n_tok)
         rec["group_rewards"].append(r.view(cfg.grpo_prompts, cfg.grpo_G).int().tolist())
     model.eval()
     groups = rec.pop("group_rewards")

@@ -15,7 +15,7 @@ def small():
     text = "\n".join(AT.render(t, AT.demonstration(t)) for t in AT.make_tasks(60, seed=1))
     tok = train_bpe(text, 60, AT.SPECIALS)
     torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=192))
+    model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=256))
     return Assistant(model.double().eval(), tok), tok
 
 
@@ -80,4 +80,4 @@ def test_token_log_probs_batched_match_one_row_scores(small):
     with pytest.raises(ValueError, match="prompts but"):
         a.token_log_probs(["a"], [])
     with pytest.raises(ValueError, match="max_seq_len"):
-        a.token_log_probs(["<|user|>" * 190], [" a b c"])
+        a.token_log_probs(["<|user|>" * 254], [" a b c"])
