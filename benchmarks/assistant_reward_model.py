@@ -15,7 +15,7 @@ Protocol (all seeded; 2 threads; the assistant in float32):
 
 Usage::
 
-    python benchmarks/assistant_reward_model.py    # 16-20 minutes on 2 CPU cores shared with other jobs
+    python benchmarks/assistant_reward_model.py    # about 4 minutes on 2 CPU cores
 """
 
 from __future__ import annotations

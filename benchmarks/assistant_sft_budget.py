@@ -8,12 +8,12 @@ sign-flip permutation, ``llmbook.rag.significance.compare``). The run uses the r
 on 2 threads; the default (2800 steps over 16,000 examples) took 36 minutes on a 2-core machine that was
 partly busy.
 
-**A record of an earlier recipe.** The stored result (``benchmarks/results/assistant_sft_budget.json``) was measured with the
-recipe and the assistant of commit a2c8920: four question templates per kind in the training split, 1400 SFT
-steps over 8000 demonstrations, one padded batch per step. Its "committed_sft" baseline is that assistant's SFT
-evaluation, not the one in today's ``assistant_log.json``. The recipe has since changed (compositional training
-templates, 1600 steps over 16,000 demonstrations, length-sorted chunks), so re-running the script now measures a
-different question; the stored numbers are kept as the record of what was measured then.
+**A record of an earlier recipe.** The stored result (``benchmarks/results/assistant_sft_budget.json``) was
+measured with the recipe and the assistant of commit a2c8920: four question templates per kind in the training
+split, 1400 SFT steps over 8000 demonstrations, one padded batch per step. Its "committed_sft" baseline is that
+assistant's SFT evaluation, not the one in today's ``assistant_log.json``. The recipe has since changed
+(compositional training templates, 1600 steps over 16,000 demonstrations, length-sorted chunks), so re-running the
+script now measures a different question; the stored numbers are kept as the record of what was measured then.
 
 Usage::
 

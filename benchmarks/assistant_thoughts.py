@@ -24,12 +24,12 @@ was still the wrong person's in 47 of 60), and ``refuse`` from 0.12 to 0. One se
 format from the run's other changes (a different tokenizer, trained on the new demonstrations), but the
 hypothesis that thoughts which quote what the action needs are enough at this size is not supported.
 
-**A record of an earlier recipe.** The stored result (``benchmarks/results/assistant_thoughts.json``) was measured with the
-recipe and the assistant of commit a2c8920: four question templates per kind in the training split, 1400 SFT
-steps over 8000 demonstrations, one padded batch per step. Its "committed_sft" baseline is that assistant's SFT
-evaluation, not the one in today's ``assistant_log.json``. The recipe has since changed (compositional training
-templates, 1600 steps over 16,000 demonstrations, length-sorted chunks), so re-running the script now measures a
-different question; the stored numbers are kept as the record of what was measured then.
+**A record of an earlier recipe.** The stored result (``benchmarks/results/assistant_thoughts.json``) was measured
+with the recipe and the assistant of commit a2c8920: three or four question templates per kind in the training
+split, 1400 SFT steps over 8000 demonstrations, one padded batch per step. Its "committed_sft" baseline is that
+assistant's SFT evaluation, not the one in today's ``assistant_log.json``. The recipe has since changed
+(compositional training templates, 1600 steps over 16,000 demonstrations, length-sorted chunks), so re-running the
+script now measures a different question; the stored numbers are kept as the record of what was measured then.
 
 Usage::
 
