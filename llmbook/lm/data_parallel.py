@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor, nn
 
-from llmbook._checks import check_choice, check_positive_int, check_range
+from llmbook._checks import check_choice, check_nonnegative_int, check_positive_int, check_range
 
 __all__ = ["DataParallel", "ShardedOptimizer", "launch"]
 
@@ -217,8 +217,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, out_dir: str) -> None:
     torch.set_num_threads(1)  # first: a forked child must not enter the parent's OpenMP pool
+    # a child forked from a Jupyter kernel inherits its threaded output streams, whose threads it does not have
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    store.set(f"ready/{rank}", "1")  # the parent's watchdog: this rank joined the group
     try:
         torch.save(fn(*args), os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
@@ -226,8 +229,15 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, ou
         dist.destroy_process_group()
 
 
-def launch(fn: Callable, world_size: int = 2, *args, timeout: float = 120.0, start_method: str | None = None
-           ) -> list:
+def _kill(ctx) -> None:
+    for proc in ctx.processes:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def launch(fn: Callable, world_size: int = 2, *args, timeout: float = 120.0, start_method: str | None = None,
+           join_timeout: float = 15.0, retries: int = 2) -> list:
     """Run ``fn(*args)`` on ``world_size`` CPU processes joined in a gloo process group; return each rank's result.
 
     ``fn`` must be importable (a module-level function) and return something ``torch.save`` can store (it is
@@ -235,22 +245,37 @@ def launch(fn: Callable, world_size: int = 2, *args, timeout: float = 120.0, sta
     tells the rank. The processes meet at a ``TCPStore`` this process opens first on a port the OS picks.
     ``start_method`` ``None`` means ``"fork"`` on Linux (children start at once) and ``"spawn"`` elsewhere.
     On ``timeout`` (seconds) the processes are killed and ``TimeoutError`` is raised.
+
+    A child forked from a process with threads (a Jupyter kernel) can, rarely, hang before it joins the group:
+    it inherited a lock that another thread held. So a watchdog waits ``join_timeout`` seconds for every rank
+    to report that it joined; if one has not, all are killed and the launch starts again with fresh processes
+    and a fresh store, up to ``retries`` times, before ``TimeoutError``. A run that joined is never repeated.
     """
     world_size = check_positive_int(world_size, "world_size")
     check_range(timeout, "timeout", 0.0, low_open=True)
+    check_range(join_timeout, "join_timeout", 0.0, low_open=True)
+    retries = check_nonnegative_int(retries, "retries")
     start_method = ("fork" if sys.platform == "linux" else "spawn") if start_method is None else start_method
     check_choice(start_method, "start_method", ("fork", "spawn", "forkserver"))
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
-    with tempfile.TemporaryDirectory() as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, store.port, fn, args, out_dir), nprocs=world_size,
-                                 join=False, start_method=start_method)
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=0.5):
-            if time.monotonic() > deadline:
-                for proc in ctx.processes:
-                    if proc.is_alive():
-                        proc.kill()
-                        proc.join()
-                raise TimeoutError(f"launch({getattr(fn, '__name__', fn)}, {world_size}) did not finish in {timeout} s")
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True) for r in range(world_size)]
+    name = getattr(fn, "__name__", fn)
+    for _ in range(retries + 1):
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
+        with tempfile.TemporaryDirectory() as out_dir:
+            ctx = mp.start_processes(_worker, args=(world_size, store.port, fn, args, out_dir), nprocs=world_size,
+                                     join=False, start_method=start_method)
+            start = time.monotonic()
+            joined = False
+            while not ctx.join(timeout=0.5):
+                joined = joined or store.check([f"ready/{r}" for r in range(world_size)])
+                if not joined and time.monotonic() - start > join_timeout:
+                    break  # a rank never joined: start again
+                if time.monotonic() - start > timeout:
+                    _kill(ctx)
+                    raise TimeoutError(f"launch({name}, {world_size}) did not finish in {timeout} s")
+            else:
+                return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=True)
+                        for r in range(world_size)]
+            _kill(ctx)
+    raise TimeoutError(f"launch({name}, {world_size}): a rank did not join the group within {join_timeout} s, "
+                       f"in {retries + 1} attempts")
 

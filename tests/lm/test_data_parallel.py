@@ -139,3 +139,35 @@ def _bad_owner_worker() -> str:
     except ValueError as e:
         return str(e)
     return "no error"
+
+
+def _rank_worker() -> int:
+    return dist.get_rank()
+
+
+def _init_that_hangs_once(real, marker: str):
+    """``init_process_group`` whose rank 1 hangs for good the first time (a stand-in for a child that inherited a
+    held lock); forked children inherit the patch from the test process."""
+    import os
+    import time
+
+    def init(*args, rank, **kwargs):
+        if rank == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(3600)
+        return real(*args, rank=rank, **kwargs)
+
+    return init
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="the patch reaches the children only by fork")
+def test_launch_restarts_when_a_rank_never_joins(monkeypatch, tmp_path):
+    marker = tmp_path / "hung"
+    monkeypatch.setattr(dist, "init_process_group", _init_that_hangs_once(dist.init_process_group, str(marker)))
+    assert launch(_rank_worker, 2, join_timeout=2.0, start_method="fork") == [0, 1]
+    assert marker.exists()  # the first attempt did hang, and the second one finished
+    marker.unlink()
+    with pytest.raises(TimeoutError, match="did not join the group within 2.0 s, in 1 attempts"):
+        launch(_rank_worker, 2, join_timeout=2.0, retries=0, start_method="fork")
+    with pytest.raises(ValueError, match="retries"):
+        launch(_rank_worker, 2, retries=-1)
