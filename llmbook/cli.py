@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p_tr = sub.add_parser("train", help="train the book's models: the tiny GPT (default) or the assistant")
     p_tr.add_argument("--recipe", default="tiny-gpt", choices=("tiny-gpt", "assistant", "pg-cartpole", "pendulum"),
                       help="tiny-gpt: the character model on the corpus (a few minutes on 2 CPU cores); assistant: "
-                           "tokenizer, pre-training, SFT, DPO and GRPO of the book's assistant (about 17 minutes); "
+                           "tokenizer, pre-training, SFT, DPO and GRPO of the book's assistant (about 12 minutes); "
                            "pg-cartpole: PPO on CartPole-v1, 10 seeds (chapter 34); pendulum: DDPG, TD3 and SAC on "
                            "Pendulum-v1, 10 seeds (chapter 34)")
     p_tr.add_argument("--out", help="output folder (default: the package data folder, llmbook/data)")
