@@ -10,13 +10,18 @@ from llmbook.lm.bpe import train_bpe
 from llmbook.lm.gpt import GPTConfig, TinyGPT
 
 
+def tiny_assistant_model(texts, max_seq_len: int = 256):
+    """A float64 two-layer TinyGPT and a 60-merge BPE trained on ``texts`` (transcripts): ``(model, tok)``."""
+    tok = train_bpe("\n".join(texts), 60, AT.SPECIALS)
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=max_seq_len))
+    return model.double(), tok
+
+
 @pytest.fixture(scope="module")
 def small():
-    text = "\n".join(AT.render(t, AT.demonstration(t)) for t in AT.make_tasks(60, seed=1))
-    tok = train_bpe(text, 60, AT.SPECIALS)
-    torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=256))
-    return Assistant(model.double().eval(), tok), tok
+    model, tok = tiny_assistant_model([AT.render(t, AT.demonstration(t)) for t in AT.make_tasks(60, seed=1)])
+    return Assistant(model.eval(), tok), tok
 
 
 def test_batched_generation_matches_uncached_generate(small):

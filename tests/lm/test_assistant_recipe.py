@@ -1,8 +1,13 @@
-"""Tests of llmbook.lm.assistant_recipe: a miniature of the whole recipe, run twice (byte-identical logs), reloaded."""
+"""Tests of llmbook.lm.assistant_recipe: a miniature of the whole recipe, run twice (byte-identical logs), reloaded; the
+length-sorted chunks against one padded batch."""
+
+import torch
 
 from llmbook.agents import assistant_tasks as AT
-from llmbook.lm.assistant import load_assistant
-from llmbook.lm.assistant_recipe import RecipeConfig, read_assistant_log, run_recipe
+from llmbook.lm.assistant import encode_transcript, load_assistant, pad_right
+from llmbook.lm.assistant_recipe import RecipeConfig, _length_chunks, _token_logps, read_assistant_log, run_recipe
+from llmbook.lm.rlhf import grpo_objective, sft_loss
+from tests.lm.test_assistant import tiny_assistant_model
 
 
 def test_recipe_miniature_is_reproducible(tmp_path):
@@ -19,33 +24,14 @@ def test_recipe_miniature_is_reproducible(tmp_path):
     assert a.tok.V == 256 + 40 + len(AT.SPECIALS) and a.model.config.d_model == 32
 
 
-def _small():
-    import torch
-
-    from llmbook.lm.bpe import train_bpe
-    from llmbook.lm.gpt import GPTConfig, TinyGPT
-
-    tasks = AT.make_tasks(40, seed=5)
-    texts = [AT.render(t, AT.demonstration(t, react=i % 2 == 0)) for i, t in enumerate(tasks)]
-    tok = train_bpe("\n".join(texts), 60, AT.SPECIALS)
-    torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=512))
-    return model.double(), tok, texts
-
-
 def _grads(model):
     return [p.grad.clone() for p in model.parameters()]
 
 
 def test_length_chunks_give_the_whole_batch_gradient():
     # the recipe's chunked SFT and GRPO steps against one padded batch (the textbook step), in float64
-    import torch
-
-    from llmbook.lm.assistant import encode_transcript, pad_right
-    from llmbook.lm.assistant_recipe import _length_chunks, _token_logps
-    from llmbook.lm.rlhf import grpo_objective, sft_loss
-
-    model, tok, texts = _small()
+    texts = [AT.render(t, AT.demonstration(t, react=i % 2 == 0)) for i, t in enumerate(AT.make_tasks(40, seed=5))]
+    model, tok = tiny_assistant_model(texts, max_seq_len=512)
     rows = [encode_transcript(tok, t) for t in texts[:12]]
     assert len({len(r[0]) for r in rows}) > 3  # lengths vary, so chunks pad less than the batch
     chunks = _length_chunks(tok, rows, 5)
