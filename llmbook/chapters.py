@@ -112,7 +112,7 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     40: ("book/40-llm-agents.ipynb", ("llmbook.agents.llm_agents", "llmbook.agents.agent_decisions",
                                      "llmbook.agents.tool_env", "llmbook.agents.agent_loop",
                                      "llmbook.agents.assistant_tasks", "llmbook.agents.generation",
-                                     "llmbook.agents.reflexion_loop")),
+                                     "llmbook.agents.reflexion_loop", "llmbook.agents.tree_of_thoughts")),
     41: ("book/41-reward-models.ipynb", ("llmbook.agents.reward_models", "llmbook.agents.assistant_rm")),
     42: ("book/42-memory.ipynb", ("llmbook.agents.memory", "llmbook.agents.memory_agent",
                                  "llmbook.agents.memory_stream")),

@@ -32,7 +32,7 @@ from llmbook._checks import check_positive_int
 from llmbook.agents.assistant_tasks import SYSTEM, Task, execute, parse_action, render, verify
 
 __all__ = ["BLOCKED", "FAILURE_MODES", "FORMAT_HINT", "Trajectory", "escape_observation", "failure_mode",
-           "majority_answer", "run_agent", "self_consistency"]
+           "majority_answer", "run_agent", "self_consistency", "take_turn"]
 
 FORMAT_HINT = "Error: no action found. End the turn with one line: Act: <tool> <arguments>, or Act: answer <text>."
 BLOCKED = "blocked: this call needs the user's approval"
@@ -128,28 +128,36 @@ def run_agent(generator, tasks: Sequence[Task], *, react: bool = True, tools: bo
         outs = generator.generate(prompts, max_new_tokens=max_new_tokens, stop=("<|end|>",),
                                   temperature=temperature, seed=seed + s)
         for tr, out in zip(active, outs, strict=True):
-            body = prefix + out.text
-            tr.turns.append(("assistant", body))
-            tr.steps += 1
-            action = parse_action(body)
-            if action is None:
-                tr.format_errors += 1
-                tr.turns.append(("tool", FORMAT_HINT))
-            elif action[0] == "answer":
-                tr.answer = action[1]
-            else:
-                tr.calls.append(action)
-                if not tools:
-                    obs = "error: no tools are available in this episode"
-                elif gate is not None and not gate(tr.task, *action):
-                    tr.blocked.append(action)
-                    obs = BLOCKED
-                else:
-                    obs = execute(tr.task, *action)
-                tr.turns.append(("tool", escape_observation(obs) if escape else obs))
+            take_turn(tr, prefix + out.text, tools=tools, gate=gate, escape=escape)
     for tr in trajs:
         tr.reward = verify(tr.task, tr.answer, tr.calls)
     return trajs
+
+
+def take_turn(tr: Trajectory, body: str, *, tools: bool = True, gate=None, escape: bool = True) -> None:
+    """Steps 3 and 4 of the loop for one episode: append the assistant turn ``body``, then act on it.
+
+    An unparseable turn gets the format hint; ``Act: answer ...`` sets the answer; any other action runs the tool
+    (unless ``tools=False`` or the ``gate`` refuses it) and appends its observation. The reward is not set here.
+    """
+    tr.turns.append(("assistant", body))
+    tr.steps += 1
+    action = parse_action(body)
+    if action is None:
+        tr.format_errors += 1
+        tr.turns.append(("tool", FORMAT_HINT))
+    elif action[0] == "answer":
+        tr.answer = action[1]
+    else:
+        tr.calls.append(action)
+        if not tools:
+            obs = "error: no tools are available in this episode"
+        elif gate is not None and not gate(tr.task, *action):
+            tr.blocked.append(action)
+            obs = BLOCKED
+        else:
+            obs = execute(tr.task, *action)
+        tr.turns.append(("tool", escape_observation(obs) if escape else obs))
 
 
 FAILURE_MODES = ("success", "acted on a forbidden request", "did not refuse", "format error",
