@@ -5,8 +5,9 @@ that proposes ``k`` candidate next steps from each kept state, and a *state eval
 and judges whether it can still lead to a solution. The ``beam`` best states survive to the next depth. Here:
 
 * a **state** is an episode of :mod:`llmbook.agents.agent_loop` so far, and a **thought** is one assistant turn
-  (a thought line and an action); a proposal is executed as the loop executes it (:func:`take_turn`), so a
-  tool's observation is part of the state the evaluator reads;
+  (a thought line and an action); a proposal is executed as the loop executes it
+  (:func:`~llmbook.agents.agent_loop.take_turn`), so a tool's observation is part of the state the evaluator
+  reads;
 * the **proposals** are the generator's greedy turn and ``k - 1`` turns sampled at ``temperature``; identical
   turns from one state are kept once;
 * the **evaluator** is a language model prompted to rate the last step (:func:`rating_prompt`): its value is
