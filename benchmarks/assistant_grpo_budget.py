@@ -15,10 +15,10 @@ committed log, so the starting point is the committed recipe's SFT model); then 
 Every model is evaluated greedily in float64 (``assistant_recipe.evaluate``, with tools and notes) on three task
 sets of 300: the recipe's held-out set (seed 10,000), a second held-out set from the same templates (seed 60,000;
 no training stage sees it, and it served once before, to reject a variant of GRPO's prompt sampling that the recipe
-does not use: prompts allotted to kinds by the SFT model's success), and the ``rl``-template set. The 30-iteration run must reproduce the
-committed GRPO model's held-out rewards exactly. Each GRPO model is compared with SFT task by task
-(``llmbook.rag.significance.compare``: paired bootstrap interval and sign-flip permutation), per set and on the two
-held-out sets pooled (600 tasks). Deterministic kernels on 2 threads; the stored run took 18 minutes on 2 cores.
+does not use: prompts allotted to kinds by the SFT model's success), and the ``rl``-template set. The 30-iteration
+run must reproduce the committed GRPO model's held-out rewards exactly. Each GRPO model is compared with SFT task
+by task (``llmbook.rag.significance.compare``: paired bootstrap interval and sign-flip permutation), per set and on
+the two held-out sets pooled (600 tasks). Deterministic kernels on 2 threads; the stored run took 18 minutes on 2 cores.
 
 Usage::
 
