@@ -94,7 +94,7 @@ _WRITTEN: dict[int, tuple[str | None, tuple[str, ...]]] = {
     28: ("book/28-diversity.ipynb", ("llmbook.rag.diversity", "llmbook.rag.diversity_metrics")),
     29: ("book/29-rag-objectives.ipynb", ("llmbook.rag.rag_objectives", "llmbook.rag.ragas",
                                           "llmbook.rag.rag_generation")),
-    30: ("book/30-query-expansion.ipynb", ("llmbook.rag.expansion",)),
+    30: ("book/30-query-expansion.ipynb", ("llmbook.rag.expansion", "llmbook.rag.hyde_writer")),
     31: ("book/31-graphrag.ipynb", ("llmbook.rag.graph", "llmbook.rag.graph_context", "llmbook.rag.graph_search")),
     32: ("book/32-mdp.ipynb", ("llmbook.agents.mdp", "llmbook.agents.pomdp")),
     33: ("book/33-td-learning.ipynb", ("llmbook.agents.td", "llmbook.agents.dqn", "llmbook.agents.dqn_loop",

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from llmbook._checks import check_choice, check_nonnegative_int
 
 __all__ = ["FIELDS", "KINDS", "REFUSAL", "SPECIALS", "SPLITS", "SYSTEM", "Task", "closed_book", "demonstration",
-           "execute", "fact_sentence", "make_tasks", "notes_question", "parse_action", "render", "verify",
-           "world_document"]
+           "execute", "fact_question", "fact_sentence", "make_tasks", "notes_question", "parse_action",
+           "random_person", "render", "verify", "world_document"]
 
 KINDS = ("calc", "lookup", "notes", "chain", "refuse")
 SPLITS = ("train", "rl", "heldout")
@@ -127,8 +127,27 @@ def notes_question(name: str, field_: str, rng: random.Random, split: str = "hel
     return rng.choice(_TEMPLATES["notes"][split]).format(f=field_, n=name)
 
 
-def _person(rng: random.Random) -> dict:
+def fact_question(name: str, field_: str, rng: random.Random, split: str = "heldout",
+                  kinds: Sequence[str] = ("lookup", "notes")) -> str:
+    """A question about ``name``'s ``field_``, from the templates of ``kinds`` in ``split`` (drawn by ``rng``).
+
+    >>> fact_question("Pim Dovik", "city", random.Random(0))
+    'Which city do the notes give for Pim Dovik?'
+    """
+    check_choice(field_, "field", FIELDS)
+    check_choice(split, "split", SPLITS)
+    for k in kinds:
+        if k not in ("lookup", "notes"):
+            raise ValueError(f"kind {k!r} has no question about one field; use 'lookup' or 'notes'")
+    return rng.choice([t for k in kinds for t in _TEMPLATES[k][split]]).format(f=field_, n=name)
+
+
+def random_person(rng: random.Random) -> dict:
+    """A random person's fields: ``{"city": ..., "age": ..., "job": ...}`` (the world's distributions)."""
     return {"city": rng.choice(_CITIES), "age": str(rng.randint(18, 89)), "job": rng.choice(_JOBS)}
+
+
+_person = random_person
 
 
 def _task(kind: str, split: str, rng: random.Random, seed: int) -> Task:

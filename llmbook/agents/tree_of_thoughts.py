@@ -39,8 +39,7 @@ from llmbook.agents.agent_loop import Trajectory, _prompt, take_turn
 from llmbook.agents.assistant_tasks import Task, parse_action, render, verify
 from llmbook.agents.llm_agents import tot_path_score
 from llmbook.lm.assistant import Assistant, load_assistant
-from llmbook.lm.assistant_recipe import _length_chunks, _optimizer, _update
-from llmbook.lm.rlhf import sft_loss
+from llmbook.lm.assistant_recipe import fine_tune
 from llmbook.lm.training import _data_dir
 
 __all__ = ["LABELS", "RATER", "RATE_SYSTEM", "ToTResult", "episode_states", "load_rater", "logprob_value",
@@ -246,33 +245,19 @@ def train_rater(assistant, examples: Sequence[tuple[str, bool]], *, steps: int =
                 seed: int = 0, chunk: int = 8, progress: Callable[[str], None] | None = None):
     """Fine-tune a copy of ``assistant`` to rate states: ``(rating_prompt, label)`` examples, class-balanced batches.
 
-    The loss is the next-token loss on the label and its ``<|end|>`` only (:func:`~llmbook.lm.rlhf.sft_loss`),
-    with the recipe's AdamW, warm-up + cosine schedule and clipping. Each batch draws ``B / 2`` good and ``B / 2``
-    bad states (seeded), so the rater cannot win by always saying "good". Returns ``(rater, losses)``; the
-    rater is an :class:`~llmbook.lm.assistant.Assistant` in float32, eval mode.
+    The loss is the next-token loss on the label and its ``<|end|>`` only
+    (:func:`~llmbook.lm.assistant_recipe.fine_tune`), with the recipe's AdamW, warm-up + cosine schedule and
+    clipping. Each batch draws ``B / 2`` good and ``B / 2`` bad states (seeded), so the rater cannot win by always
+    saying "good". Returns ``(rater, losses)``; the rater is an :class:`~llmbook.lm.assistant.Assistant` in
+    float32, eval mode.
     """
-    good = [e for e in examples if e[1]]
-    bad = [e for e in examples if not e[1]]
+    good = [(p, LABELS[0] + "<|end|>") for p, label in examples if label]
+    bad = [(p, LABELS[1] + "<|end|>") for p, label in examples if not label]
     if not good or not bad:
         raise ValueError(f"train_rater needs good and bad examples, got {len(good)} good and {len(bad)} bad")
-    tok = assistant.tok
-    model = copy.deepcopy(assistant.model).float().train()
-    opt, rng, losses = _optimizer(model, lr), random.Random(seed), []
-    for t in range(check_positive_int(steps, "steps")):
-        batch = [rng.choice(good) for _ in range(B // 2)] + [rng.choice(bad) for _ in range(B - B // 2)]
-        rows = []
-        for prompt, label in batch:
-            x, y = tok.encode(prompt), tok.encode(LABELS[0 if label else 1] + "<|end|>")
-            rows.append((x + y, [False] * len(x) + [True] * len(y)))
-        opt.zero_grad(set_to_none=True)
-        loss = 0.0
-        for _, ids, keep in _length_chunks(tok, rows, chunk):
-            labels = torch.where(keep[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], -100))
-            part = sft_loss(model(ids[:, :-1]), labels, reduction="sum") / B
-            part.backward()
-            loss += part.item()
-        _update(model, opt, t, steps, lr)
-        losses.append(loss)
-        if progress is not None and (t + 1) % 50 == 0:
-            progress(f"rater step {t + 1}: loss {sum(losses[-50:]) / 50:.4f}")
-    return Assistant(model.eval(), tok), losses
+
+    def draw(rng: random.Random) -> list[tuple[str, str]]:
+        return [rng.choice(good) for _ in range(B // 2)] + [rng.choice(bad) for _ in range(B - B // 2)]
+
+    return fine_tune(assistant, draw, steps=check_positive_int(steps, "steps"), lr=lr, seed=seed, chunk=chunk,
+                     progress=progress, name="rater")

@@ -30,6 +30,7 @@ import copy
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,8 +56,8 @@ from llmbook.lm.rlhf import grpo_advantages, grpo_objective, sft_loss
 from llmbook.lm.schedules import clip_grad_norm_, warmup_cosine
 from llmbook.lm.training import TrainConfig, _data_dir, _param_groups, train
 
-__all__ = ["LOG", "RecipeConfig", "evaluate", "heldout_tasks", "main", "pretrain", "read_assistant_log", "run_recipe",
-           "train_tokenizer", "training_tasks"]
+__all__ = ["LOG", "RecipeConfig", "evaluate", "fine_tune", "heldout_tasks", "main", "pretrain", "read_assistant_log",
+           "run_recipe", "train_tokenizer", "training_tasks"]
 
 LOG = "assistant_log.json"
 
@@ -166,6 +167,43 @@ def _length_chunks(tok, rows, size: int) -> list:
         ids, keep = pad_right([rows[i][0] for i in idx], tok.special_tokens["<|pad|>"], [rows[i][1] for i in idx])
         out.append((idx, ids, keep))
     return out
+
+
+def fine_tune(assistant: Assistant, draw: Callable[[random.Random], list[tuple[str, str]]], *, steps: int,
+              lr: float = 1e-3, seed: int = 0, chunk: int = 8, progress: Callable[[str], None] | None = None,
+              name: str = "fine-tune") -> tuple[Assistant, list[float]]:
+    """Fine-tune a *copy* of ``assistant`` on ``(prompt, target)`` pairs: the next-token loss on the target only.
+
+    ``draw(rng)`` returns each step's batch (``rng`` is ``random.Random(seed)``, so the batches are seeded); the
+    prompt and the target are encoded separately and concatenated, and the loss is
+    :func:`~llmbook.lm.rlhf.sft_loss` summed over the target tokens and divided by the batch size, with the
+    recipe's AdamW, warm-up + cosine schedule (peak ``lr``) and clipping. The assistant itself is untouched.
+    Returns ``(model, losses)``, the model an :class:`~llmbook.lm.assistant.Assistant` in float32, eval mode.
+    A target should end with ``<|end|>``, so that the model learns to stop.
+    """
+    tok = assistant.tok
+    model = copy.deepcopy(assistant.model).float().train()
+    opt, rng, losses = _optimizer(model, lr), random.Random(seed), []
+    for t in range(steps):
+        batch = draw(rng)
+        if not batch:
+            raise ValueError(f"{name}: draw returned an empty batch at step {t}")
+        rows = []
+        for prompt, target in batch:
+            x, y = tok.encode(prompt), tok.encode(target)
+            rows.append((x + y, [False] * len(x) + [True] * len(y)))
+        opt.zero_grad(set_to_none=True)
+        loss = 0.0
+        for _, ids, keep in _length_chunks(tok, rows, chunk):
+            labels = torch.where(keep[:, 1:], ids[:, 1:], torch.full_like(ids[:, 1:], -100))
+            part = sft_loss(model(ids[:, :-1]), labels, reduction="sum") / len(batch)
+            part.backward()
+            loss += part.item()
+        _update(model, opt, t, steps, lr)
+        losses.append(loss)
+        if progress is not None and (t + 1) % 50 == 0:
+            progress(f"{name} step {t + 1}: loss {sum(losses[-50:]) / 50:.4f}")
+    return Assistant(model.eval(), tok), losses
 
 
 def _encode(tok, texts: list[str]):
