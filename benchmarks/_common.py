@@ -41,3 +41,24 @@ def save(result: dict, out: Path, plot: Callable[[dict, Path], None] | None = No
     if plot is not None:
         plot(result, out / f"{name}.png")
     print(f"wrote {out / f'{name}.json'}" + (f" and {name}.png" if plot is not None else ""))
+
+
+class Progress:
+    """A deterministic run and its progress messages: each printed with the seconds since the run started.
+
+    Creating it sets torch to 2 threads and deterministic algorithms, the set-up under which the assistant's
+    benchmarks write the same weights on every rerun. ``minutes()`` is the run's length so far, rounded.
+    """
+
+    def __init__(self, threads: int = 2):
+        import torch
+
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(True)
+        self.t0 = time.perf_counter()
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.perf_counter() - self.t0:6.0f} s] {msg}", flush=True)
+
+    def minutes(self) -> float:
+        return round((time.perf_counter() - self.t0) / 60, 1)

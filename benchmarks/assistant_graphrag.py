@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import Progress
 
-from llmbook.agents.assistant_tasks import SPECIALS
-from llmbook.lm.assistant import load_assistant
+from llmbook.lm.assistant import load_assistant, save_assistant
 from llmbook.lm.training import _data_dir
 from llmbook.rag.hyde_writer import collection
 from llmbook.rag.significance import compare
@@ -65,18 +64,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--weights", type=Path, default=_data_dir() / SUMMARISER)  # where load_summariser() reads it
     args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.use_deterministic_algorithms(True)
-    t0 = time.perf_counter()
-
-    def say(msg):
-        print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)
+    say = Progress()  # deterministic kernels on 2 threads; prints the seconds since the start
 
     a32 = load_assistant(dtype=torch.float32)
     summariser, losses = train_summariser(a32, summary_examples(args.examples, seed=72_000), steps=args.steps,
                                           seed=72_001, progress=say)
-    torch.save({"config": asdict(summariser.model.config), "merges": summariser.tok.merges,
-                "special_tokens": list(SPECIALS), "model": summariser.model.state_dict()}, args.weights)
+    save_assistant(summariser.model, summariser.tok, args.weights)
     s64 = load_summariser(args.weights)
 
     cover = {b: {} for b in BUDGETS}
@@ -107,7 +100,7 @@ def main() -> int:
               "summariser_loss": [round(x, 4) for x in losses], "collections": args.collections,
               "budgets": list(BUDGETS), "lines": n_lines, "lines_exact": exact, "aspects": n_aspects,
               "coverage": {str(b): v for b, v in cover.items()}, "comparisons": comparisons, "first": first,
-              "minutes": round((time.perf_counter() - t0) / 60, 1)}
+              "minutes": say.minutes()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "assistant_graphrag.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

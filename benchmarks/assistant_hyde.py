@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import Progress
 
-from llmbook.agents.assistant_tasks import FIELDS, SPECIALS, Task
-from llmbook.lm.assistant import load_assistant
+from llmbook.agents.assistant_tasks import FIELDS, Task
+from llmbook.lm.assistant import load_assistant, save_assistant
 from llmbook.lm.training import _data_dir
 from llmbook.rag import encoder
 from llmbook.rag.hyde_writer import (
@@ -75,18 +75,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--weights", type=Path, default=_data_dir() / WRITER)  # where load_writer() reads it
     args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.use_deterministic_algorithms(True)
-    t0 = time.perf_counter()
-
-    def say(msg):
-        print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)
+    say = Progress()  # deterministic kernels on 2 threads; prints the seconds since the start
 
     a32 = load_assistant(dtype=torch.float32)
     writer, losses = train_writer(a32, writer_examples(args.examples, seed=70_000), steps=args.steps, seed=70_001,
                                   progress=say)
-    torch.save({"config": asdict(writer.model.config), "merges": writer.tok.merges, "special_tokens": list(SPECIALS),
-                "model": writer.model.state_dict()}, args.weights)
+    save_assistant(writer.model, writer.tok, args.weights)
     w64, a64 = load_writer(args.weights), load_assistant()
 
     rows = {"collection": [], "field": [], "name_copied": [], "verb_right": [], "value_right": []}
@@ -140,7 +134,7 @@ def main() -> int:
               "questions": QUESTIONS, "M": M, "temperature": TEMPERATURE, "fields": list(FIELDS), "rows": rows,
               "success_at_1": success, "reciprocal_rank": rr, "summary": summary, "comparisons": comparisons,
               "writer": writer_stats, "read": read, "reading": reading, "reading_comparisons": reading_cmp,
-              "first": first, "minutes": round((time.perf_counter() - t0) / 60, 1)}
+              "first": first, "minutes": say.minutes()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "assistant_hyde.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -34,16 +34,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import Progress
 from sklearn.metrics import roc_auc_score
 
 from llmbook.agents.agent_loop import run_agent
-from llmbook.agents.assistant_tasks import SPECIALS, make_tasks
+from llmbook.agents.assistant_tasks import make_tasks
 from llmbook.agents.tree_of_thoughts import (
     RATER,
     episode_states,
@@ -54,7 +53,7 @@ from llmbook.agents.tree_of_thoughts import (
     train_rater,
     tree_of_thoughts,
 )
-from llmbook.lm.assistant import load_assistant
+from llmbook.lm.assistant import load_assistant, save_assistant
 from llmbook.lm.assistant_recipe import heldout_tasks, read_assistant_log
 from llmbook.lm.training import _data_dir
 from llmbook.rag.significance import compare
@@ -89,12 +88,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--weights", type=Path, default=_data_dir() / RATER)  # where load_rater() reads it
     args = ap.parse_args()
-    torch.set_num_threads(2)
-    torch.use_deterministic_algorithms(True)
-    t0 = time.perf_counter()
-
-    def say(msg):
-        print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)
+    say = Progress()  # deterministic kernels on 2 threads; prints the seconds since the start
 
     a32 = load_assistant(dtype=torch.float32)
     train = make_tasks(args.tasks, seed=50_000, split="train") + make_tasks(args.tasks, seed=51_000, split="rl")
@@ -102,8 +96,7 @@ def main() -> int:
     examples = rating_examples(episodes, near_misses=True, seed=52_001)
     say(f"{len(examples)} rating examples, {sum(g for _, g in examples)} good")
     rater, losses = train_rater(a32, examples, steps=args.steps, progress=say)
-    torch.save({"config": asdict(rater.model.config), "merges": rater.tok.merges, "special_tokens": list(SPECIALS),
-                "model": rater.model.state_dict()}, args.weights)
+    save_assistant(rater.model, rater.tok, args.weights)
     rater64 = load_assistant(args.weights)  # float64, as the chapter loads it
     a64 = load_assistant()
 
@@ -154,7 +147,7 @@ def main() -> int:
               "rating_examples": len(examples), "rating_examples_good": int(sum(g for _, g in examples)),
               "rater_loss": [round(x, 4) for x in losses], "rating": rating, "kinds": [t.kind for t in held],
               "greedy": greedy, "tot_reward": runs, "tot_rated": rated, "tot_answer": answers,
-              "minutes": round((time.perf_counter() - t0) / 60, 1)}
+              "minutes": say.minutes()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "assistant_tot.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0

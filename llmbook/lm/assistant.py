@@ -16,6 +16,7 @@ Registers no equation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from llmbook.lm.gpt import GPTConfig, TinyGPT
 from llmbook.lm.kv_cache import KVCache, forward_cached
 from llmbook.lm.training import _data_dir
 
-__all__ = ["WEIGHTS", "Assistant", "encode_transcript", "load_assistant", "pad_right"]
+__all__ = ["WEIGHTS", "Assistant", "encode_transcript", "load_assistant", "pad_right", "save_assistant"]
 
 WEIGHTS = "assistant.pt"  # in llmbook/data, with assistant_log.json
 
@@ -156,6 +157,18 @@ class Assistant:
         r""":math:`\log p(y \mid x)` of each continuation after its prompt, summed over the continuation's tokens."""
         return [continuation_log_prob(self.model, self.tok.encode(x), self.tok.encode(y))
                 for x, y in zip(prompts, continuations, strict=True)]
+
+
+def save_assistant(model: TinyGPT, tok: BPETokenizer, path) -> Path:
+    """Write ``model`` and its tokenizer in the format :func:`load_assistant` reads; returns the path.
+
+    The file holds the model's config, its state dict, the BPE merges and the special tokens in their order (no
+    optimiser state). The recipe writes the assistant with it, and the benchmarks their fine-tuned copies.
+    """
+    path = Path(path)
+    torch.save({"config": asdict(model.config), "merges": tok.merges, "special_tokens": list(tok.special_tokens),
+                "model": model.state_dict()}, path)
+    return path
 
 
 def load_assistant(path=None, dtype: torch.dtype = torch.float64) -> Assistant:

@@ -46,7 +46,7 @@ from llmbook.agents.assistant_tasks import (
     render,
     world_document,
 )
-from llmbook.lm.assistant import WEIGHTS, Assistant, encode_transcript, pad_right
+from llmbook.lm.assistant import WEIGHTS, Assistant, encode_transcript, pad_right, save_assistant
 from llmbook.lm.bpe import train_bpe
 from llmbook.lm.gpt import GPTConfig, TinyGPT
 from llmbook.lm.optim import AdamW
@@ -296,8 +296,7 @@ def run_recipe(cfg: RecipeConfig = RecipeConfig(), out_dir=None, progress=print)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({"config": asdict(model.config), "merges": tok.merges, "special_tokens": list(SPECIALS),
-                "model": model.state_dict()}, out_dir / WEIGHTS)
+    save_assistant(model, tok, out_dir / WEIGHTS)
     (out_dir / LOG).write_text(json.dumps(log, indent=1) + "\n", encoding="utf-8")
     return log
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from llmbook.agents import assistant_tasks as AT
-from llmbook.lm.assistant import Assistant, encode_transcript, load_assistant, pad_right
+from llmbook.lm.assistant import Assistant, encode_transcript, load_assistant, pad_right, save_assistant
 from llmbook.lm.bpe import train_bpe
 from llmbook.lm.gpt import GPTConfig, TinyGPT
 
@@ -16,6 +16,18 @@ def tiny_assistant_model(texts, max_seq_len: int = 256):
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig(vocab_size=tok.V, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_seq_len=max_seq_len))
     return model.double(), tok
+
+
+def check_trains_a_copy(train, assistant, examples, **kw):
+    """Run ``train(assistant, examples, **kw)``; assert that it leaves ``assistant`` untouched and halves the loss.
+
+    Shared by the tests of the fine-tuned copies (rater, writer, summariser). Returns ``(copy, losses)``.
+    """
+    before = {k: v.clone() for k, v in assistant.model.state_dict().items()}
+    copy, losses = train(assistant, examples, **kw)
+    assert all(torch.equal(before[k], v) for k, v in assistant.model.state_dict().items())
+    assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+    return copy, losses
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +98,14 @@ def test_token_log_probs_batched_match_one_row_scores(small):
         a.token_log_probs(["a"], [])
     with pytest.raises(ValueError, match="max_seq_len"):
         a.token_log_probs(["<|user|>" * 254], [" a b c"])
+
+
+def test_save_assistant_round_trips_through_load_assistant(small, tmp_path):
+    a, tok = small
+    path = save_assistant(a.model, tok, tmp_path / "copy.pt")
+    b = load_assistant(path, dtype=torch.float64)
+    assert b.tok.merges == tok.merges and list(b.tok.special_tokens) == list(tok.special_tokens)
+    assert all(torch.equal(v, b.model.state_dict()[k]) for k, v in a.model.state_dict().items())
+    prompts = [AT.render(t) + "<|assistant|>" for t in AT.make_tasks(2, seed=8)]
+    same = [c.text for c in b.generate(prompts, max_new_tokens=6)]
+    assert [c.text for c in a.generate(prompts, max_new_tokens=6)] == same

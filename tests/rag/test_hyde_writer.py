@@ -15,7 +15,7 @@ from llmbook.lm.assistant_recipe import fine_tune
 from llmbook.lm.training import _data_dir
 from llmbook.rag import hyde_writer as hw
 from llmbook.rag.rag_generation import knowledge_base
-from tests.lm.test_assistant import tiny_assistant_model
+from tests.lm.test_assistant import check_trains_a_copy, tiny_assistant_model
 
 _VERB = {"city": " lives in ", "age": " years old.", "job": " works as a "}
 
@@ -119,10 +119,7 @@ def small():
 
 def test_train_writer_learns_and_leaves_the_assistant_alone(small):
     a, examples = small
-    before = {k: v.clone() for k, v in a.model.state_dict().items()}
-    writer, losses = hw.train_writer(a, examples, steps=80, B=8, lr=1e-2)
-    assert all(torch.equal(before[k], v) for k, v in a.model.state_dict().items())
-    assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+    check_trains_a_copy(hw.train_writer, a, examples, steps=80, B=8, lr=1e-2)
     with pytest.raises(ValueError, match="at least one"):
         hw.train_writer(a, [], steps=1)
     with pytest.raises(ValueError, match="empty batch"):
